@@ -1,0 +1,1 @@
+"""The agent loop: tools, sandboxed workspace, chat rendering with token masks, episodes."""

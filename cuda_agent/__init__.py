@@ -1,0 +1,1 @@
+"""The `cuda-agent` console command: one entry point with a subcommand per capability."""

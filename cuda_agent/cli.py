@@ -1,0 +1,52 @@
+"""Root of the `cuda-agent` command.
+
+Each package contributes its subcommands through a `register(app)` function in its own
+`cli.py`. Those modules keep their imports light (torch, JAX and pyzmq are imported inside
+the commands), so `cuda-agent --help` stays fast and a TPU host without torch can still run
+the policy commands.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="cuda-agent",
+    help="Train LLM agents to write fast CUDA kernels, and grade those kernels honestly.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_PACKAGES = ("evaluator_cuda", "bridge", "policy_jax", "agent")
+
+
+def _register_all() -> None:
+    for package in _PACKAGES:
+        module = importlib.import_module(f"{package}.cli")
+        module.register(app)
+
+
+_register_all()
+
+
+@app.command("version")
+def version() -> None:
+    """Print the versions of the project and of the frameworks it finds."""
+    from importlib.metadata import PackageNotFoundError, version as pkg_version
+
+    for name in ("cuda-agent", "torch", "jax", "flax", "pyzmq"):
+        try:
+            typer.echo(f"{name} {pkg_version(name)}")
+        except PackageNotFoundError:
+            typer.echo(f"{name} (not installed)")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""PyTorch/CUDA evaluator: compile, verify, profile and reward untrusted kernels. Depends on torch only."""
