@@ -1,0 +1,13 @@
+"""Scaled row softmax in one CUDA kernel (one block per row, online max/sum)."""
+import torch
+import torch.nn as nn
+
+import cuda_extension
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cuda_extension.row_softmax_forward(x, float(x.shape[-1]))

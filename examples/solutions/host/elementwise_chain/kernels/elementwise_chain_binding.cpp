@@ -1,0 +1,28 @@
+// Python entry point for the fused elementwise chain (host backend).
+#include "binding_registry.h"
+
+extern "C" void elementwise_chain_launcher(const float* x, const float* scale, const float* bias, float* y,
+                                           long long rows, int features, float lo, float hi, int config,
+                                           void* stream);
+
+torch::Tensor elementwise_chain_forward(torch::Tensor x, torch::Tensor scale, torch::Tensor bias, double lo,
+                                        double hi) {
+  TORCH_CHECK(x.device().is_cpu() && scale.device().is_cpu() && bias.device().is_cpu(),
+              "elementwise_chain: tensors must be on the CPU");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && scale.scalar_type() == torch::kFloat32 &&
+                  bias.scalar_type() == torch::kFloat32,
+              "elementwise_chain: tensors must be float32");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "elementwise_chain: x must be a contiguous 2-D tensor");
+  const int64_t features = x.size(1);
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == features && scale.is_contiguous(),
+              "elementwise_chain: scale must be contiguous with one value per feature");
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == features && bias.is_contiguous(),
+              "elementwise_chain: bias must be contiguous with one value per feature");
+  auto y = torch::empty_like(x);
+  elementwise_chain_launcher(x.data_ptr<float>(), scale.data_ptr<float>(), bias.data_ptr<float>(),
+                             y.data_ptr<float>(), x.size(0), static_cast<int>(features), static_cast<float>(lo),
+                             static_cast<float>(hi), /*config=*/0, /*stream=*/nullptr);
+  return y;
+}
+
+REGISTER_BINDING(elementwise_chain_forward, elementwise_chain_forward);
