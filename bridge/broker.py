@@ -1,0 +1,504 @@
+"""The broker: one ROUTER socket between trainer clients and the evaluator fleet.
+
+Patterns (reference.md §11): Majordomo service names (``compile`` on CPU workers, ``evaluate``
+on GPU workers), Paranoid Pirate heartbeats and liveness both ways, Titanic persistence (a job
+is journaled before it is acknowledged). What the guide's brokers lack and this one adds:
+
+- in-flight tracking: a job held by a worker that goes silent, or whose evaluation child died
+  or hung, is requeued; after ``max_attempts`` failed attempts it ends as an ``infra_error``;
+- idempotency: job ids are content-derived, a duplicate of a queued, running or finished job
+  is attached to it, and every waiting client gets the one result;
+- bounded queues: past ``max_queue`` queued jobs, new jobs are answered "busy", never dropped;
+- ``ROUTER_MANDATORY``: a result for a client that is not connected stays owed (in memory and
+  in the journal) and is sent when the client speaks again.
+
+One loop iteration drains up to ``_DRAIN`` messages, commits the journal once, dispatches
+queued jobs to workers with free capacity, then sends everything it owes.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import signal
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+import zmq
+
+from bridge import protocol
+from bridge.journal import Journal
+from bridge.protocol import Kind, ProtocolError
+from bridge.settings import BridgeSettings
+
+log = logging.getLogger("bridge.broker")
+
+_DRAIN = 4096  # messages handled per loop iteration before the journal commit
+_PRUNE_EVERY_S = 600.0
+_MAX_SERVICE_NAME = 64
+
+
+@dataclass
+class JobState:
+    """A job the broker owes a result for (queued, or held by ``worker``)."""
+
+    id: str
+    service: str
+    body: bytes
+    time_limit: float | None
+    attempts: int = 0
+    failures: list = field(default_factory=list)
+    waiters: set = field(default_factory=set)
+    worker: bytes | None = None
+
+
+@dataclass
+class WorkerState:
+    """A registered worker (one evaluation process, e.g. one GPU)."""
+
+    id: bytes
+    services: tuple
+    capabilities: dict
+    capacity: int
+    last_seen: float
+    inflight: set = field(default_factory=set)
+    draining: bool = False
+
+    @property
+    def free(self) -> int:
+        return 0 if self.draining else self.capacity - len(self.inflight)
+
+
+class Broker:
+    """State and message handling; :meth:`serve` runs the loop until ``stop`` is set."""
+
+    def __init__(self, bind, journal_path, settings: BridgeSettings = BridgeSettings(), curve=None):
+        self.settings = settings
+        self.epoch = uuid.uuid4().hex
+        self.started = time.time()
+        self.journal = Journal(journal_path)
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.socket.setsockopt(zmq.LINGER, 1000)
+        self.socket.setsockopt(zmq.SNDHWM, 100_000)
+        self.socket.setsockopt(zmq.RCVHWM, 100_000)
+        # Backstop against memory exhaustion; messages between the limit and 4x it get an
+        # error answer, beyond that libzmq drops the connection.
+        self.socket.setsockopt(zmq.MAXMSGSIZE, 4 * settings.max_message_bytes)
+        self.auth = None
+        if curve is not None:
+            from bridge.security import secure_server_socket
+
+            self.auth = secure_server_socket(self.context, self.socket, curve)
+        self.endpoints = []
+        for endpoint in [bind] if isinstance(bind, str) else list(bind):
+            self.socket.bind(endpoint)
+            self.endpoints.append(self.socket.getsockopt_string(zmq.LAST_ENDPOINT))
+        self.jobs: dict[str, JobState] = {}
+        self.queues: dict[str, deque] = {}
+        self.workers: dict[bytes, WorkerState] = {}
+        self.to_send: dict[bytes, dict[str, bytes]] = {}  # client -> {job id: result} not yet sent
+        self.outbox: list = []  # (identity, frames) to send after the journal commit
+        self.completions: deque = deque()  # monotonic times of recent completions (throughput)
+        self.counters = {"accepted": 0, "completed": 0, "duplicates": 0, "busy": 0, "errors": 0, "requeued": 0}
+        self._restore()
+        self._handlers = {
+            Kind.SUBMIT: self._on_submit,
+            Kind.ACK: self._on_ack,
+            Kind.PING: self._on_ping,
+            Kind.STATUS: self._on_status,
+            Kind.READY: self._on_ready,
+            Kind.HEARTBEAT: self._on_heartbeat,
+            Kind.DONE: self._on_done,
+            Kind.FAILED: self._on_failed,
+            Kind.BYE: self._on_bye,
+        }
+
+    # ------------------------------------------------------------------ restore
+    def _restore(self) -> None:
+        """Requeue journaled unfinished jobs and owe journaled undelivered results."""
+        for pending in self.journal.pending_jobs():
+            self.jobs[pending.id] = JobState(
+                pending.id, pending.service, pending.body, pending.time_limit,
+                pending.attempts, pending.failures, set(pending.waiters),
+            )
+            self.queues.setdefault(pending.service, deque()).append(pending.id)
+        for client, jid, result in self.journal.undelivered_results():
+            self.to_send.setdefault(client, {})[jid] = result
+        if self.jobs or self.to_send:
+            log.info("restored %d unfinished jobs and %d owed results", len(self.jobs),
+                     sum(len(v) for v in self.to_send.values()))
+
+    # ------------------------------------------------------------------ loop
+    def serve(self, stop: threading.Event | None = None) -> None:
+        stop = stop or threading.Event()
+        poller = zmq.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        tick = self.settings.heartbeat_s
+        next_tick = time.monotonic() + tick
+        next_prune = time.monotonic() + _PRUNE_EVERY_S
+        try:
+            while not stop.is_set():
+                timeout_ms = max(0.0, (next_tick - time.monotonic()) * 1000)
+                if poller.poll(min(timeout_ms, 200)):
+                    for _ in range(_DRAIN):
+                        try:
+                            frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._handle(frames)
+                self._dispatch()
+                self.journal.commit()  # persist before any acknowledgement leaves
+                self._flush()
+                now = time.monotonic()
+                if now >= next_tick:
+                    self._on_tick(now)
+                    next_tick = now + tick
+                if now >= next_prune:
+                    self.journal.prune(self.settings.result_ttl_s)
+                    next_prune = now + _PRUNE_EVERY_S
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            self.journal.close()
+        except Exception:
+            pass
+        self.socket.close(linger=0)
+        if self.auth is not None:
+            self.auth.stop()
+        self.context.term()
+
+    # ------------------------------------------------------------------ I/O helpers
+    def _queue(self, identity: bytes, kind: str, fields=None, payloads=()) -> None:
+        self.outbox.append((identity, protocol.encode(kind, fields, payloads)))
+
+    def _send_now(self, identity: bytes, frames: list) -> bool:
+        """Send one message; False if the peer is unknown to ZeroMQ or its pipe is full."""
+        try:
+            self.socket.send_multipart([identity, *frames], zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EHOSTUNREACH:
+                return False
+            raise
+
+    def _flush(self) -> None:
+        outbox, self.outbox = self.outbox, []
+        for identity, frames in outbox:
+            self._send_now(identity, frames)
+        for client in list(self.to_send):
+            self._send_results(client)
+
+    def _send_results(self, client: bytes) -> None:
+        """Send owed results to a client in as few messages as the size limit allows."""
+        owed = self.to_send.get(client)
+        if not owed:
+            return
+        limit = self.settings.max_message_bytes // 2
+        batch, payloads, size = [], [], 0
+        sent = []
+        for jid, result in owed.items():
+            if batch and size + len(result) > limit:
+                if not self._send_now(client, protocol.encode(Kind.RESULTS, {"items": batch}, payloads)):
+                    break
+                sent += [item["id"] for item in batch]
+                batch, payloads, size = [], [], 0
+            batch.append({"id": jid, "frame": len(payloads)})
+            payloads.append(result)
+            size += len(result)
+        else:
+            if batch and self._send_now(client, protocol.encode(Kind.RESULTS, {"items": batch}, payloads)):
+                sent += [item["id"] for item in batch]
+        for jid in sent:
+            del owed[jid]
+        if not owed:
+            del self.to_send[client]
+
+    # ------------------------------------------------------------------ dispatch
+    def _handle(self, frames: list) -> None:
+        if len(frames) < 2:
+            return  # nothing to answer: a ROUTER always prepends an identity
+        identity = frames[0]
+        try:
+            message = protocol.decode(frames[1:], self.settings.max_message_bytes)
+            handler = self._handlers.get(message.kind)
+            if handler is None:
+                raise ProtocolError(f"unknown message kind {message.kind!r}")
+            handler(identity, message)
+        except ProtocolError as exc:
+            self.counters["errors"] += 1
+            self._queue(identity, Kind.ERROR, {"error": str(exc), "ids": []})
+
+    def _dispatch(self) -> None:
+        """Hand queued jobs to workers with free capacity, spreading them evenly."""
+        for service, queue in self.queues.items():
+            if not queue:
+                continue
+            workers = [w for w in self.workers.values() if service in w.services and w.free > 0]
+            if not workers:
+                continue
+            share = math.ceil(len(queue) / len(workers))
+            for worker in sorted(workers, key=lambda w: -w.free):
+                items, payloads = [], []
+                for _ in range(min(worker.free, share)):
+                    if not queue:
+                        break
+                    job = self.jobs[queue.popleft()]
+                    job.worker = worker.id
+                    worker.inflight.add(job.id)
+                    items.append({"id": job.id, "service": job.service, "frame": len(payloads),
+                                  "attempt": job.attempts + 1, "time_limit": job.time_limit})
+                    payloads.append(job.body)
+                if items:
+                    self._queue(worker.id, Kind.JOBS, {"items": items}, payloads)
+
+    # ------------------------------------------------------------------ job lifecycle
+    def _complete(self, jid: str, result: bytes) -> None:
+        """Record a job's result and owe it to every waiting client. First result wins."""
+        job = self.jobs.pop(jid, None)
+        if job is None:
+            return
+        if job.worker is not None:
+            worker = self.workers.get(job.worker)
+            if worker is not None:
+                worker.inflight.discard(jid)
+        else:
+            queue = self.queues.get(job.service)
+            if queue is not None:
+                try:
+                    queue.remove(jid)
+                except ValueError:
+                    pass
+        self.journal.finish(jid, result)
+        for client in job.waiters:
+            self.to_send.setdefault(client, {})[jid] = result
+        self.counters["completed"] += 1
+        self.completions.append(time.monotonic())
+
+    def _attempt_failed(self, job: JobState, reason: str) -> None:
+        """Requeue a job whose attempt failed, or finish it as infra_error when out of attempts."""
+        job.attempts += 1
+        job.failures.append(reason)
+        if job.worker is not None:
+            if job.worker in self.workers:
+                self.workers[job.worker].inflight.discard(job.id)
+            job.worker = None
+        else:  # reported by a worker the broker did not know (restart): it is also queued
+            try:
+                self.queues[job.service].remove(job.id)
+            except (KeyError, ValueError):
+                pass
+        if job.attempts >= self.settings.max_attempts:
+            result = protocol.infra_error(
+                f"gave up after {job.attempts} attempts; last: {reason}", failures=list(job.failures)
+            )
+            self._complete(job.id, protocol.pack_body(result))
+        else:
+            self.counters["requeued"] += 1
+            self.journal.record_failure(job.id, job.attempts, job.failures)
+            self.queues.setdefault(job.service, deque()).appendleft(job.id)
+
+    def _requeue_lost(self, job: JobState) -> None:
+        """A job a worker never started (lost in transit): back to the queue, no attempt counted."""
+        job.worker = None
+        self.queues.setdefault(job.service, deque()).appendleft(job.id)
+
+    # ------------------------------------------------------------------ client messages
+    def _on_submit(self, client: bytes, message) -> None:
+        items = protocol.items_of(message, ("id", "service", "frame"))
+        accepted, busy, errors = [], [], []
+        for item in items:
+            service, claimed = item["service"], item["id"]
+            if not isinstance(service, str) or not 0 < len(service) <= _MAX_SERVICE_NAME:
+                errors.append({"id": claimed, "error": "service must be a short non-empty string"})
+                continue
+            body = protocol.payload_of(message, item["frame"])
+            salt = item.get("salt", "")
+            jid = protocol.job_id(service, body, salt if isinstance(salt, str) else "")
+            if jid != claimed:
+                errors.append({"id": claimed, "error": "job id does not match the job's content"})
+                continue
+            if jid in self.jobs:
+                self.jobs[jid].waiters.add(client)
+                self.journal.add_waiter(jid, client)
+                self.counters["duplicates"] += 1
+                accepted.append(jid)
+                continue
+            stored = self.journal.result_of(jid)
+            if stored is not None:
+                self.journal.add_waiter(jid, client)
+                self.to_send.setdefault(client, {})[jid] = stored
+                self.counters["duplicates"] += 1
+                accepted.append(jid)
+                continue
+            if self._queued_total() >= self.settings.max_queue:
+                busy.append(jid)
+                self.counters["busy"] += 1
+                continue
+            limit = item.get("time_limit")
+            limit = float(limit) if isinstance(limit, (int, float)) and limit > 0 else None
+            self.journal.accept(jid, service, body, limit, client)
+            self.jobs[jid] = JobState(jid, service, body, limit, waiters={client})
+            self.queues.setdefault(service, deque()).append(jid)
+            self.counters["accepted"] += 1
+            accepted.append(jid)
+        self._queue(client, Kind.ACCEPTED, {"ids": accepted, "busy": busy, "errors": errors, "epoch": self.epoch})
+
+    def _queued_total(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+    def _on_ack(self, client: bytes, message) -> None:
+        ids = message.fields.get("ids")
+        if not isinstance(ids, list):
+            raise ProtocolError("'ack' needs a list of ids")
+        self.journal.delivered([(jid, client) for jid in ids if isinstance(jid, str)])
+
+    def _on_ping(self, client: bytes, message) -> None:
+        self._queue(client, Kind.PONG, {"epoch": self.epoch})
+
+    def _on_status(self, client: bytes, message) -> None:
+        self._queue(client, Kind.STATUS_REPLY, {"status": self.status()})
+
+    # ------------------------------------------------------------------ worker messages
+    def _on_ready(self, wid: bytes, message) -> None:
+        fields = message.fields
+        services = fields.get("services")
+        if not isinstance(services, list) or not services or not all(isinstance(s, str) for s in services):
+            raise ProtocolError("'ready' needs a non-empty list of service names")
+        capacity = fields.get("capacity", 1)
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ProtocolError("'ready' capacity must be a positive integer")
+        capabilities = fields.get("capabilities") or {}
+        reported = {j for j in fields.get("inflight") or [] if isinstance(j, str)}
+        worker = self.workers.get(wid)
+        if worker is None:
+            worker = WorkerState(wid, tuple(services), capabilities, capacity, time.monotonic())
+            self.workers[wid] = worker
+            log.info("worker %s registered for %s", wid, services)
+        else:
+            worker.services, worker.capabilities, worker.capacity = tuple(services), capabilities, capacity
+            worker.last_seen = time.monotonic()
+            for jid in list(worker.inflight - reported):
+                worker.inflight.discard(jid)
+                if jid in self.jobs:
+                    self._requeue_lost(self.jobs[jid])
+        for jid in reported:  # jobs this worker still runs (e.g. across a broker restart)
+            job = self.jobs.get(jid)
+            if job is not None and job.worker is None:
+                try:
+                    self.queues[job.service].remove(jid)
+                except (KeyError, ValueError):
+                    pass
+                job.worker = wid
+                worker.inflight.add(jid)
+
+    def _known_worker(self, wid: bytes) -> WorkerState | None:
+        worker = self.workers.get(wid)
+        if worker is None:
+            self._queue(wid, Kind.REREGISTER)
+        else:
+            worker.last_seen = time.monotonic()
+        return worker
+
+    def _on_heartbeat(self, wid: bytes, message) -> None:
+        self._known_worker(wid)
+
+    def _on_done(self, wid: bytes, message) -> None:
+        items = protocol.items_of(message, ("id", "frame"))
+        worker = self._known_worker(wid)
+        for item in items:
+            result = protocol.payload_of(message, item["frame"])
+            jid = item["id"]
+            if worker is not None:
+                worker.inflight.discard(jid)
+            self._complete(jid, result)  # accepted even from an unregistered worker: first result wins
+
+    def _on_failed(self, wid: bytes, message) -> None:
+        items = protocol.items_of(message, ("id", "reason"))
+        worker = self._known_worker(wid)
+        for item in items:
+            job = self.jobs.get(item["id"])
+            if job is None:
+                continue
+            if worker is not None:
+                worker.inflight.discard(job.id)
+            if job.worker == wid or (job.worker is None and worker is None):
+                self._attempt_failed(job, f"{str(item['reason'])[:500]} (worker {wid.decode(errors='replace')})")
+
+    def _on_bye(self, wid: bytes, message) -> None:
+        worker = self.workers.get(wid)
+        if worker is None:
+            return
+        worker.draining = True
+        if message.fields.get("final"):
+            del self.workers[wid]
+            for jid in worker.inflight:
+                if jid in self.jobs:
+                    self._requeue_lost(self.jobs[jid])
+            log.info("worker %s left", wid)
+
+    # ------------------------------------------------------------------ periodic
+    def _on_tick(self, now: float) -> None:
+        limit = self.settings.silence_limit_s
+        for wid, worker in list(self.workers.items()):
+            if now - worker.last_seen > limit:
+                del self.workers[wid]
+                log.warning("worker %s silent for %.1f s: requeueing %d jobs", wid, now - worker.last_seen,
+                            len(worker.inflight))
+                for jid in list(worker.inflight):
+                    job = self.jobs.get(jid)
+                    if job is not None and job.worker == wid:
+                        self._attempt_failed(job, f"worker {wid.decode(errors='replace')} went silent for {limit:.1f} s")
+            else:
+                self._send_now(wid, protocol.encode(Kind.HEARTBEAT))
+        horizon = now - 60.0
+        while self.completions and self.completions[0] < horizon:
+            self.completions.popleft()
+
+    def status(self) -> dict:
+        """A snapshot for ``cuda-agent bridge-status`` (msgpack-able)."""
+        now = time.monotonic()
+        last10 = sum(1 for t in self.completions if t >= now - 10.0)
+        return {
+            "epoch": self.epoch,
+            "endpoints": self.endpoints,
+            "uptime_s": time.time() - self.started,
+            "queued": {s: len(q) for s, q in self.queues.items()},
+            "inflight": sum(len(w.inflight) for w in self.workers.values()),
+            "unfinished": len(self.jobs),
+            "owed_results": sum(len(v) for v in self.to_send.values()),
+            "throughput_10s": last10 / 10.0,
+            "throughput_60s": len(self.completions) / 60.0,
+            "counters": dict(self.counters),
+            "workers": [
+                {"id": w.id.decode(errors="replace"), "services": list(w.services), "capacity": w.capacity,
+                 "inflight": len(w.inflight), "draining": w.draining,
+                 "silent_s": round(now - w.last_seen, 3), "capabilities": w.capabilities}
+                for w in self.workers.values()
+            ],
+            "journal": self.journal.counts(),
+        }
+
+
+def serve_broker(bind, journal_path, settings: BridgeSettings | dict | None = None, curve=None,
+                 stop: threading.Event | None = None) -> None:
+    """Run a broker until SIGTERM/SIGINT (or ``stop``). Entry point for the CLI and tests."""
+    if isinstance(settings, dict) or settings is None:
+        settings = BridgeSettings.from_dict(settings)
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    broker = Broker(bind, journal_path, settings, curve)
+    log.info("broker %s listening on %s", broker.epoch, ", ".join(broker.endpoints))
+    broker.serve(stop)

@@ -1,0 +1,361 @@
+"""The trainer's client: submit jobs to the broker and get each result exactly once.
+
+    with BridgeClient("tcp://127.0.0.1:5555") as bridge:
+        results = bridge.run_batch("evaluate", jobs, timeout=600)       # blocking
+        result = await bridge.submit("evaluate", job, timeout=600)      # asyncio
+
+One background thread owns the DEALER socket (ZeroMQ sockets are not thread-safe); callers
+hand it jobs through a queue and a wake-up pipe and wait on futures. The thread:
+
+- batches submissions into few messages; jobs the broker calls "busy" are retried after
+  ``busy_retry_s`` until their timeout;
+- pings the broker while it waits; when the broker's epoch changes (it restarted) or it has
+  been silent for ``liveness`` heartbeats, resubmits every job still waiting. Resubmitting is
+  safe: ids are content-derived, the broker attaches duplicates to the running or finished job;
+- resolves each future once, acknowledges every result it receives (so the broker can forget
+  the delivery), and turns bridge failures into ``{"status": "infra_error", "error": ...}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import zmq
+
+from bridge import protocol
+from bridge.protocol import Kind, ProtocolError
+from bridge.security import as_curve_client
+from bridge.settings import BridgeSettings
+
+log = logging.getLogger("bridge.client")
+
+_MAX_ITEMS_PER_SUBMIT = 2000
+_HOUSEKEEPING_S = 0.02  # deadlines, busy retries, pings and silence are checked this often
+
+
+@dataclass
+class _Waiting:
+    """A job this client waits for, and the futures (with deadlines) waiting on it."""
+
+    id: str
+    service: str
+    body: bytes
+    salt: str
+    time_limit: float | None
+    futures: list = field(default_factory=list)  # (future, deadline or None)
+    state: str = "unsent"  # unsent | sent | accepted | busy
+    retry_at: float = 0.0
+
+
+class BridgeClient:
+    """Client of one broker. Thread-safe; usable from asyncio and from plain threads."""
+
+    def __init__(self, endpoint: str, *, curve=None, settings: BridgeSettings | None = None,
+                 time_limit: float | None = None):
+        self.endpoint = endpoint
+        self.settings = settings or BridgeSettings()
+        self.time_limit = time_limit  # per-evaluation limit sent to workers (None: broker default)
+        self._curve = as_curve_client(curve, "client")
+        self._identity = f"c-{uuid.uuid4().hex}".encode()
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        self._closed = False
+        self._error: str | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bridge-client", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._error:
+            raise RuntimeError(self._error)
+
+    # ------------------------------------------------------------------ public API
+    def submit_future(self, service: str, job: dict, timeout: float | None = None,
+                      salt: str = "") -> concurrent.futures.Future:
+        """Submit one job; the future resolves to its result dict (never raises for bridge failures)."""
+        return self.submit_many(service, [job], timeout, salt)[0]
+
+    def submit_many(self, service: str, jobs: list, timeout: float | None = None,
+                    salt: str = "") -> list[concurrent.futures.Future]:
+        """Submit jobs in one go; one future per job, in order."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        entries, futures = [], []
+        for job in jobs:
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            futures.append(future)
+            try:
+                body = protocol.pack_body(job)
+            except ProtocolError as exc:
+                future.set_result(protocol.infra_error(str(exc)))
+                continue
+            if len(body) > self.settings.max_message_bytes:
+                future.set_result(protocol.infra_error(
+                    f"job of {len(body)} bytes exceeds the bridge's message limit of {self.settings.max_message_bytes} bytes"))
+                continue
+            entries.append((protocol.job_id(service, body, salt), service, body, salt, future, deadline))
+        if self._closed:
+            for *_, future, _ in entries:
+                future.set_result(protocol.infra_error("bridge client is closed"))
+        elif entries:
+            self._command(("submit", entries))
+        return futures
+
+    async def submit(self, service: str, job: dict, timeout: float | None = None, salt: str = "") -> dict:
+        """Await one job's result (a dict with "status")."""
+        return await asyncio.wrap_future(self.submit_future(service, job, timeout, salt))
+
+    def run_batch(self, service: str, jobs: list, timeout: float | None = None, salt: str = "") -> list[dict]:
+        """Submit jobs and block until each has a result (or its timeout passed). Results in order."""
+        return [f.result() for f in self.submit_many(service, jobs, timeout, salt)]
+
+    def status(self, timeout: float = 5.0) -> dict | None:
+        """The broker's status snapshot, or None when no broker answered within ``timeout``."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._command(("status", future))
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            return None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._command(("close", None))
+        self._thread.join(timeout=10)
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    def __enter__(self) -> "BridgeClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ I/O thread
+    def _command(self, command) -> None:
+        self._commands.put(command)
+        try:
+            os.write(self._wake_write, b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _open_socket(self, context):
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, self._identity)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, int(self.settings.reconnect_min_s * 1000))
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.settings.reconnect_max_s * 1000))
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        if self._curve is not None:
+            from bridge.security import secure_client_socket
+
+            secure_client_socket(sock, self._curve)
+        sock.connect(self.endpoint)
+        return sock
+
+    def _run(self) -> None:
+        context = zmq.Context()
+        try:
+            self._socket = self._open_socket(context)
+        except Exception as exc:
+            self._error = f"cannot connect to {self.endpoint}: {exc}"
+            self._started.set()
+            context.term()
+            return
+        self._started.set()
+        self._waiting: dict[str, _Waiting] = {}
+        self._status_waiters: list = []
+        self._acks: list = []
+        self._epoch = None
+        self._last_heard = time.monotonic()
+        self._last_ping = 0.0
+        next_housekeeping = 0.0
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._wake_read, zmq.POLLIN)
+        try:
+            while True:
+                poller.poll(self._poll_timeout_ms())
+                if not self._take_commands():
+                    break
+                self._receive()
+                now = time.monotonic()
+                if now >= next_housekeeping:
+                    self._housekeeping(now)
+                    next_housekeeping = now + _HOUSEKEEPING_S
+                self._send_unsent()
+        finally:
+            for waiting in self._waiting.values():
+                for future, _ in waiting.futures:
+                    _resolve(future, protocol.infra_error("bridge client closed before the result arrived"))
+            for future in self._status_waiters:
+                _resolve(future, None)
+            self._socket.close(linger=0)
+            context.term()
+
+    def _poll_timeout_ms(self) -> float:
+        return min(self.settings.heartbeat_s, _HOUSEKEEPING_S if self._waiting else 1.0) * 1000
+
+    def _take_commands(self) -> bool:
+        try:
+            while os.read(self._wake_read, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                kind, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            if kind == "close":
+                return False
+            if kind == "status":
+                self._status_waiters.append(payload)
+                self._send(Kind.STATUS)
+            elif kind == "submit":
+                for jid, service, body, salt, future, deadline in payload:
+                    waiting = self._waiting.get(jid)
+                    if waiting is None:
+                        waiting = self._waiting[jid] = _Waiting(jid, service, body, salt, self.time_limit)
+                    waiting.futures.append((future, deadline))
+
+    def _send(self, kind: str, fields=None, payloads=()) -> bool:
+        try:
+            self._socket.send_multipart(protocol.encode(kind, fields, payloads), zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def _send_unsent(self) -> None:
+        unsent = [w for w in self._waiting.values() if w.state == "unsent"]
+        limit = self.settings.max_message_bytes // 2
+        start = 0
+        while start < len(unsent):
+            end, size = start, 0
+            while end < len(unsent) and end - start < _MAX_ITEMS_PER_SUBMIT and (
+                end == start or size + len(unsent[end].body) <= limit
+            ):
+                size += len(unsent[end].body)
+                end += 1
+            batch = unsent[start:end]
+            items = []
+            for i, w in enumerate(batch):
+                item = {"id": w.id, "service": w.service, "frame": i}
+                if w.salt:
+                    item["salt"] = w.salt
+                if w.time_limit:
+                    item["time_limit"] = w.time_limit
+                items.append(item)
+            if not self._send(Kind.SUBMIT, {"items": items}, [w.body for w in batch]):
+                break  # link full: try again next iteration
+            for w in batch:
+                w.state = "sent"
+            start = end
+        if self._acks:
+            if self._send(Kind.ACK, {"ids": self._acks}):
+                self._acks = []
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._last_heard = time.monotonic()
+            try:
+                message = protocol.decode(frames, 8 * self.settings.max_message_bytes)
+                self._on_message(message)
+            except ProtocolError as exc:
+                log.warning("unreadable message from broker: %s", exc)
+
+    def _on_message(self, message) -> None:
+        fields = message.fields
+        if message.kind in (Kind.ACCEPTED, Kind.PONG):
+            self._note_epoch(fields.get("epoch"))
+        if message.kind == Kind.RESULTS:
+            for item in protocol.items_of(message, ("id", "frame")):
+                jid = item["id"]
+                self._acks.append(jid)
+                waiting = self._waiting.pop(jid, None)
+                if waiting is None:
+                    continue  # a duplicate delivery, or nobody waits any more: reported once only
+                try:
+                    result = protocol.unpack_body(protocol.payload_of(message, item["frame"]))
+                except ProtocolError as exc:
+                    result = protocol.infra_error(f"result could not be decoded: {exc}")
+                for future, _ in waiting.futures:
+                    _resolve(future, result)
+        elif message.kind == Kind.ACCEPTED:
+            for jid in fields.get("ids") or []:
+                if jid in self._waiting and self._waiting[jid].state == "sent":
+                    self._waiting[jid].state = "accepted"
+            for jid in fields.get("busy") or []:
+                if jid in self._waiting:
+                    self._waiting[jid].state = "busy"
+                    self._waiting[jid].retry_at = time.monotonic() + self.settings.busy_retry_s
+            for error in fields.get("errors") or []:
+                waiting = self._waiting.pop(error.get("id"), None)
+                if waiting is not None:
+                    for future, _ in waiting.futures:
+                        _resolve(future, protocol.infra_error(f"broker refused the job: {error.get('error')}"))
+        elif message.kind == Kind.STATUS_REPLY:
+            for future in self._status_waiters:
+                _resolve(future, fields.get("status"))
+            self._status_waiters = []
+        elif message.kind == Kind.ERROR:
+            log.warning("broker error: %s", fields.get("error"))
+
+    def _note_epoch(self, epoch) -> None:
+        if epoch and self._epoch and epoch != self._epoch:
+            log.info("broker restarted (epoch %s -> %s): resubmitting %d jobs", self._epoch[:8], epoch[:8],
+                     len(self._waiting))
+            for waiting in self._waiting.values():
+                waiting.state = "unsent"
+        if epoch:
+            self._epoch = epoch
+
+    def _housekeeping(self, now: float) -> None:
+        for jid in list(self._waiting):
+            waiting = self._waiting[jid]
+            live = []
+            for future, deadline in waiting.futures:
+                if future.done():
+                    continue  # cancelled by the caller
+                if deadline is not None and now > deadline:
+                    _resolve(future, protocol.infra_error(
+                        f"no result from the bridge at {self.endpoint} within the timeout", job_id=jid))
+                else:
+                    live.append((future, deadline))
+            waiting.futures = live
+            if not live:
+                del self._waiting[jid]
+            elif waiting.state == "busy" and now >= waiting.retry_at:
+                waiting.state = "unsent"
+        if self._waiting or self._status_waiters:
+            if now - self._last_heard > self.settings.silence_limit_s and self._waiting:
+                log.warning("broker at %s silent for %.1f s: resubmitting %d jobs", self.endpoint,
+                            now - self._last_heard, len(self._waiting))
+                for waiting in self._waiting.values():
+                    waiting.state = "unsent"
+                self._last_heard = now
+            if now - self._last_ping >= self.settings.heartbeat_s:
+                self._send(Kind.PING)
+                self._last_ping = now
+
+
+def _resolve(future: concurrent.futures.Future, value) -> None:
+    if not future.done():
+        try:
+            future.set_result(value)
+        except concurrent.futures.InvalidStateError:
+            pass

@@ -1,0 +1,151 @@
+"""The broker's journal: accepted jobs and undelivered results in SQLite (WAL mode).
+
+Titanic pattern (ZeroMQ guide): a job is written here before the client is told it was accepted,
+and a result stays here until the client acknowledges it, so a broker restart loses neither.
+Writes of one broker loop iteration share one transaction (``commit`` once per iteration);
+``synchronous=NORMAL`` in WAL mode survives a process crash (a power cut may lose the last
+transactions, which the clients then resubmit: job ids are content-derived, so that is safe).
+
+Tables:
+  jobs(id, service, body, time_limit, attempts, failures, result, accepted_at, finished_at)
+      result IS NULL  -> still to be run; body holds the job (msgpack)
+      result NOT NULL -> finished; body dropped, result kept for duplicates until the TTL
+  deliveries(job_id, client) -> a result this client is owed and has not acknowledged
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs(
+    id TEXT PRIMARY KEY,
+    service TEXT NOT NULL,
+    body BLOB,
+    time_limit REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    failures BLOB,
+    result BLOB,
+    accepted_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_unfinished ON jobs(accepted_at) WHERE result IS NULL;
+CREATE TABLE IF NOT EXISTS deliveries(
+    job_id TEXT NOT NULL,
+    client BLOB NOT NULL,
+    PRIMARY KEY(job_id, client)
+) WITHOUT ROWID;
+"""
+
+
+@dataclass
+class PendingJob:
+    """A journaled job without a result (to be queued again after a restart)."""
+
+    id: str
+    service: str
+    body: bytes
+    time_limit: float | None
+    attempts: int
+    failures: list
+    waiters: set = field(default_factory=set)
+
+
+class Journal:
+    """Durable record of the broker's promises. One instance per broker process."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._db.commit()
+
+    # -- writes (inside the current transaction; call commit() once per loop iteration) --
+    def accept(self, job_id: str, service: str, body: bytes, time_limit: float | None, client: bytes) -> None:
+        self._db.execute(
+            "INSERT OR IGNORE INTO jobs(id, service, body, time_limit, accepted_at) VALUES (?,?,?,?,?)",
+            (job_id, service, body, time_limit, time.time()),
+        )
+        self.add_waiter(job_id, client)
+
+    def add_waiter(self, job_id: str, client: bytes) -> None:
+        self._db.execute("INSERT OR IGNORE INTO deliveries(job_id, client) VALUES (?,?)", (job_id, client))
+
+    def record_failure(self, job_id: str, attempts: int, failures: list) -> None:
+        self._db.execute(
+            "UPDATE jobs SET attempts=?, failures=? WHERE id=?",
+            (attempts, msgpack.packb(failures, use_bin_type=True), job_id),
+        )
+
+    def finish(self, job_id: str, result: bytes) -> None:
+        self._db.execute(
+            "UPDATE jobs SET result=?, body=NULL, finished_at=? WHERE id=?", (result, time.time(), job_id)
+        )
+
+    def delivered(self, pairs: list) -> None:
+        """Forget deliveries the clients acknowledged: pairs of (job_id, client)."""
+        self._db.executemany("DELETE FROM deliveries WHERE job_id=? AND client=?", pairs)
+
+    def commit(self) -> None:
+        if self._db.in_transaction:
+            self._db.commit()
+
+    def prune(self, ttl_s: float) -> int:
+        """Drop finished jobs older than ttl_s that nobody is still owed. Returns rows dropped."""
+        cursor = self._db.execute(
+            "DELETE FROM jobs WHERE result IS NOT NULL AND finished_at < ? "
+            "AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = jobs.id)",
+            (time.time() - ttl_s,),
+        )
+        self._db.commit()
+        return cursor.rowcount
+
+    # -- reads --
+    def result_of(self, job_id: str) -> bytes | None:
+        row = self._db.execute("SELECT result FROM jobs WHERE id=?", (job_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def pending_jobs(self) -> list[PendingJob]:
+        """Jobs accepted but not finished, oldest first, with the clients waiting for them."""
+        jobs = {}
+        for jid, service, body, limit, attempts, failures in self._db.execute(
+            "SELECT id, service, body, time_limit, attempts, failures FROM jobs "
+            "WHERE result IS NULL ORDER BY accepted_at"
+        ):
+            failures = msgpack.unpackb(failures, raw=False) if failures else []
+            jobs[jid] = PendingJob(jid, service, body, limit, attempts, failures)
+        for jid, client in self._db.execute(
+            "SELECT d.job_id, d.client FROM deliveries d JOIN jobs j ON j.id = d.job_id WHERE j.result IS NULL"
+        ):
+            jobs[jid].waiters.add(bytes(client))
+        return list(jobs.values())
+
+    def undelivered_results(self) -> list[tuple[bytes, str, bytes]]:
+        """(client, job_id, result) for finished jobs a client has not acknowledged."""
+        return [
+            (bytes(client), jid, result)
+            for client, jid, result in self._db.execute(
+                "SELECT d.client, d.job_id, j.result FROM deliveries d JOIN jobs j ON j.id = d.job_id "
+                "WHERE j.result IS NOT NULL"
+            )
+        ]
+
+    def counts(self) -> dict:
+        unfinished, finished = self._db.execute(
+            "SELECT SUM(result IS NULL), SUM(result IS NOT NULL) FROM jobs"
+        ).fetchone()
+        (owed,) = self._db.execute("SELECT COUNT(*) FROM deliveries").fetchone()
+        return {"unfinished": unfinished or 0, "finished": finished or 0, "owed_deliveries": owed}
+
+    def close(self) -> None:
+        self.commit()
+        self._db.close()
