@@ -1,0 +1,44 @@
+"""A small byte-level BPE tokenizer with the ChatML special tokens, built in code.
+
+For tests and demos of the scripted policy when no model tokenizer is at hand (no download).
+It encodes any text (byte-level) and decodes it back exactly; it is not a model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from agent.chat import IM_END, IM_START
+
+SPECIAL_TOKENS = ("<|endoftext|>", IM_START, IM_END)
+
+_CORPUS = [
+    "import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def forward(self, x):\n        return x\n",
+    "def get_inputs():\n    return [torch.randn(16, 16)]\ndef get_init_inputs():\n    return []\n",
+    '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls kernels"}}\n</tool_call>\n',
+    "<tool_response>\ncompile: built in 1.0 s\nverify: correct\nreward: 3\n</tool_response>\n",
+    '#include "binding_registry.h"\nextern "C" void launcher(const float* x, float* y, int n, int config, void* stream) {\n'
+    "  for (int i = 0; i < n; ++i) { y[i] = x[i]; }\n}\n",
+    "__global__ void kernel(const float* __restrict__ x, float* __restrict__ y, int n) {\n"
+    "  int i = blockIdx.x * blockDim.x + threadIdx.x;\n  if (i < n) y[i] = x[i];\n}\n",
+    "You are an expert CUDA engineer working in a kernel workspace. Read the file, write the kernels, "
+    "compile, verify and profile the solution against torch.compile.\n",
+]
+
+
+@functools.lru_cache(maxsize=4)
+def demo_tokenizer(vocab_size: int = 1024):
+    """A `tokenizers.Tokenizer` (byte-level BPE trained on a few lines of kernel-workspace text)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    return tokenizer

@@ -1,0 +1,53 @@
+"""Scripts for the scripted policy: an honest solver that replays a known-good solution, and a cheater.
+
+The honest script reads the task and the rules, writes the solution's files, compiles,
+verifies and profiles, then stops. The cheating script tries to edit the reference, then
+submits a ModelNew that inherits the reference's torch forward (no kernel of its own).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.tool_calls import format_tool_call
+from agent.workspace import KERNELS_DIR, SOLUTION_MODEL_FILE
+
+
+def read_solution_dir(solution_dir: str | Path) -> dict[str, str]:
+    """model_new.py and kernels/** of a workspace-format solution directory, as text."""
+    root = Path(solution_dir)
+    if not (root / SOLUTION_MODEL_FILE).is_file():
+        raise FileNotFoundError(f"no {SOLUTION_MODEL_FILE} in solution directory {root}")
+    files = {SOLUTION_MODEL_FILE: (root / SOLUTION_MODEL_FILE).read_text()}
+    for path in sorted((root / KERNELS_DIR).rglob("*")) if (root / KERNELS_DIR).is_dir() else []:
+        if path.is_file():
+            files[path.relative_to(root).as_posix()] = path.read_text()
+    return files
+
+
+def honest_solver_turns(solution_files: dict[str, str]) -> list[str]:
+    """Turn texts that solve a task by writing a known-good solution and checking it."""
+    writes = "\n".join(format_tool_call("Write", {"file_path": path, "content": text}) for path, text in solution_files.items())
+    return [
+        "Let me read the reference and the rules.\n"
+        + format_tool_call("Read", {"file_path": "model.py"})
+        + "\n"
+        + format_tool_call("Bash", {"command": "ls -la && head -n 20 SKILL.md"}),
+        "I will write the kernels, their binding and model_new.py.\n" + writes,
+        "Build it.\n" + format_tool_call("compile", {}),
+        "Check correctness.\n" + format_tool_call("verify", {}),
+        "Time it against eager and torch.compile.\n" + format_tool_call("profile", {}),
+    ]
+
+
+def cheating_turns(task_source: str) -> list[str]:
+    """Turn texts of a policy that tries to win without writing a kernel."""
+    inherited = task_source + "\n\nclass ModelNew(Model):\n    pass\n"
+    return [
+        "Make the reference trivially match.\n"
+        + format_tool_call("Write", {"file_path": "model.py", "content": "# emptied\n"})
+        + "\n"
+        + format_tool_call("Bash", {"command": "chmod u+w model.py; echo '# emptied' > model.py; cat model.py | head -n 3"}),
+        "Reuse the reference's forward.\n" + format_tool_call("Write", {"file_path": SOLUTION_MODEL_FILE, "content": inherited}),
+        format_tool_call("verify", {}),
+    ]

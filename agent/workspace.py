@@ -1,0 +1,193 @@
+"""The per-episode workspace: a directory in the CUDA-Agent layout, every path confined to it.
+
+Layout (reference.md §3): `model.py` (the task, read-only), `model_new.py` and `kernels/` (the
+agent's solution), `binding.cpp` + `binding_registry.h` (the harness's registry, read-only, for
+reference: the builder always compiles the evaluator's own copies) and `SKILL.md` (the rules).
+The grader is not here: compile/verify/profile ship `model_new.py` and `kernels/**` to the
+evaluator fleet, which pairs them with the task source it was given, never this `model.py`.
+
+This module stays torch-free: the template files are copied, not produced by the evaluator.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.sandbox import can_switch_uid, kill_processes_of_uid
+
+TASK_FILE = "model.py"
+SOLUTION_MODEL_FILE = "model_new.py"
+KERNELS_DIR = "kernels"
+TEMPLATE_FILES = ("binding.cpp", "binding_registry.h", "SKILL.md")
+PROTECTED_FILES = frozenset({TASK_FILE, *TEMPLATE_FILES})
+# Files shipped to the evaluator are capped so a runaway write cannot flood the fleet.
+SOLUTION_FILE_MAX_BYTES = 1024 * 1024
+SOLUTION_TOTAL_MAX_BYTES = 8 * 1024 * 1024
+
+_slot_counter = itertools.count()
+
+
+class WorkspaceError(Exception):
+    """A refused path or action; the message goes back to the policy."""
+
+
+def evaluator_templates_dir() -> Path:
+    """`evaluator_cuda/templates`, found without importing the (torch-using) package."""
+    spec = importlib.util.find_spec("evaluator_cuda")
+    if spec is None or not spec.submodule_search_locations:
+        raise WorkspaceError("evaluator_cuda package not found (templates for the workspace)")
+    return Path(list(spec.submodule_search_locations)[0]) / "templates"
+
+
+@dataclass
+class Workspace:
+    """One episode's sandbox directory and the uid its commands run as (None: the agent's own)."""
+
+    root: Path
+    task_name: str
+    task_source: str
+    sandbox_uid: int | None = None
+
+    def resolve(self, path: str, *, for_write: bool = False) -> Path:
+        """The real path of `path` (relative to the workspace, or absolute inside it).
+
+        Refuses: empty paths, paths whose real location (symlinks followed) leaves the
+        workspace, and, for writing, the harness files and the task.
+        """
+        if not isinstance(path, str) or not path.strip():
+            raise WorkspaceError("path must be a non-empty string")
+        if "\x00" in path:
+            raise WorkspaceError("path contains a NUL byte")
+        root = self.root.resolve()
+        candidate = Path(path)
+        if not candidate.is_absolute():
+            candidate = root / candidate
+        real = Path(os.path.realpath(candidate))
+        if real != root and root not in real.parents:
+            raise WorkspaceError(f"path {path!r} is outside the workspace {root}")
+        if for_write:
+            relative = real.relative_to(root).as_posix()
+            if relative in PROTECTED_FILES:
+                raise WorkspaceError(f"{relative} is part of the harness/task and is read-only")
+            if real == root:
+                raise WorkspaceError("cannot write the workspace directory itself")
+        return real
+
+    def relative(self, real: Path) -> str:
+        return real.relative_to(self.root.resolve()).as_posix()
+
+    def write_text(self, path: str, content: str) -> Path:
+        """Write a file the agent asked for (never through a symlink), owned by the sandbox uid."""
+        real = self.resolve(path, for_write=True)
+        real.parent.mkdir(parents=True, exist_ok=True)
+        self._own_tree(real.parent)
+        # The last component was resolved above; O_NOFOLLOW closes the race with a symlink
+        # created in between by a background command.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(real, flags, 0o644)
+        except OSError as error:
+            raise WorkspaceError(f"cannot write {path}: {error.strerror}") from None
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(content)
+        self._own(real)
+        return real
+
+    def read_text(self, path: str) -> str:
+        real = self.resolve(path)
+        if not real.exists():
+            raise WorkspaceError(f"{path} does not exist")
+        if real.is_dir():
+            raise WorkspaceError(f"{path} is a directory")
+        return real.read_bytes().decode("utf-8", errors="replace")
+
+    def solution_files(self) -> dict[str, bytes]:
+        """`model_new.py` and every regular file under `kernels/` (symlinks are skipped)."""
+        files: dict[str, bytes] = {}
+        total = 0
+        root = self.root.resolve()
+        candidates = [root / SOLUTION_MODEL_FILE]
+        kernels = root / KERNELS_DIR
+        if kernels.is_dir() and not kernels.is_symlink():
+            for dirpath, dirnames, filenames in os.walk(kernels, followlinks=False):
+                candidates += [Path(dirpath) / name for name in sorted(filenames)]
+        for path in candidates:
+            try:
+                info = path.lstat()
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            if info.st_size > SOLUTION_FILE_MAX_BYTES:
+                raise WorkspaceError(f"{self.relative(path)} is larger than {SOLUTION_FILE_MAX_BYTES} bytes")
+            total += info.st_size
+            if total > SOLUTION_TOTAL_MAX_BYTES:
+                raise WorkspaceError(f"solution files exceed {SOLUTION_TOTAL_MAX_BYTES} bytes in total")
+            files[path.relative_to(root).as_posix()] = path.read_bytes()
+        return files
+
+    def _own(self, path: Path) -> None:
+        if self.sandbox_uid is not None:
+            os.chown(path, self.sandbox_uid, self.sandbox_uid, follow_symlinks=False)
+
+    def _own_tree(self, directory: Path) -> None:
+        root = self.root.resolve()
+        while directory != root and root in directory.parents:
+            self._own(directory)
+            directory = directory.parent
+
+    def end_commands(self) -> int:
+        """Kill every process left by this workspace's commands (only with an own uid)."""
+        if self.sandbox_uid is None:
+            return 0
+        return kill_processes_of_uid(self.sandbox_uid)
+
+
+def _sandbox_uid(uid_base: int) -> int | None:
+    """A fresh uid per workspace when running as root, else None (commands run as us)."""
+    if not can_switch_uid():
+        return None
+    return uid_base + os.getpid() % 1000 * 1000 + next(_slot_counter) % 1000
+
+
+def create_workspace(
+    root: str | Path, task_name: str, task_source: str, *, uid_base: int = 200_000, isolate_uid: bool = True
+) -> Workspace:
+    """Make the workspace directory for one episode.
+
+    The directory is created fresh (an existing one is refused). Harness files and the task
+    are owned by us and read-only; the directory has the sticky bit so a sandbox uid cannot
+    delete or rename them; `kernels/` belongs to the sandbox uid.
+    """
+    root = Path(root)
+    if root.exists():
+        raise WorkspaceError(f"workspace {root} already exists")
+    root.mkdir(parents=True)
+    templates = evaluator_templates_dir()
+    for name in TEMPLATE_FILES:
+        source = templates / name
+        if source.is_file():
+            shutil.copyfile(source, root / name)
+    (root / TASK_FILE).write_text(task_source)
+    (root / KERNELS_DIR).mkdir()
+    uid = _sandbox_uid(uid_base) if isolate_uid and _traversable_by_others(root) else None
+    for name in (TASK_FILE, *TEMPLATE_FILES):
+        if (root / name).exists():
+            os.chmod(root / name, 0o444)
+    workspace = Workspace(root=root, task_name=task_name, task_source=task_source, sandbox_uid=uid)
+    if uid is not None:
+        os.chown(root, 0, uid)
+        os.chmod(root, 0o1770)
+        os.chown(root / KERNELS_DIR, uid, uid)
+    return workspace
+
+
+def _traversable_by_others(root: Path) -> bool:
+    """Whether a foreign uid can reach `root` (every directory above has o+x)."""
+    return all(parent.stat().st_mode & stat.S_IXOTH for parent in root.resolve().parents)

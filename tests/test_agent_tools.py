@@ -1,0 +1,304 @@
+"""Agent tools, workspace confinement and the command sandbox (no evaluator needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentConfig, SandboxLimits, load_agent_config
+from agent.sandbox import can_switch_uid, sandbox_report
+from agent.tool_calls import ToolCall, ToolCallError, format_tool_call, parse_tool_calls
+from agent.toolbox import Toolbox
+from agent.tools import default_tools
+from agent.tools.base import ToolContext, schema_errors, truncate_text
+from agent.workspace import WorkspaceError, create_workspace
+
+TASK = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
+
+
+@pytest.fixture
+def tmp_path():
+    # Under /tmp directly, so that a sandbox uid can reach the workspace (pytest's dir is 0700).
+    path = Path(tempfile.mkdtemp(prefix="agent-test-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def context(tmp_path):
+    config = AgentConfig(
+        bash_timeout_seconds=5,
+        bash_timeout_max_seconds=10,
+        tool_output_limit_bytes=1000,
+        sandbox=SandboxLimits(cpu_seconds=30, memory_bytes=2 * 1024**3, max_processes=32, max_file_bytes=64 * 1024**2),
+    )
+    workspace = create_workspace(tmp_path / "ws", "double", TASK)
+    ctx = ToolContext(workspace=workspace, config=config)
+    # One event loop for the whole test: background commands outlive a single call.
+    ctx.runner = asyncio.Runner()
+    yield ctx
+    for job in ctx.background.values():
+        ctx.runner.run(job.kill())
+    ctx.runner.close()
+    workspace.end_commands()
+
+
+def call(ctx, name, **arguments):
+    toolbox = Toolbox(default_tools())
+    text = ctx.runner.run(toolbox.execute(ToolCall(name, arguments), ctx))
+    return text, toolbox.stats
+
+
+# --- tool-call parsing ---------------------------------------------------------------------
+
+def test_parse_well_formed_calls_in_order():
+    text = "thinking\n" + format_tool_call("Read", {"file_path": "a"}) + " and " + format_tool_call("Bash", {"command": "ls"})
+    items, violations = parse_tool_calls(text)
+    assert violations == 0
+    assert items == [ToolCall("Read", {"file_path": "a"}), ToolCall("Bash", {"command": "ls"})]
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ('{"name": "Read", "arguments": {"file_path": "a"}', "not valid JSON"),
+        ('["Read"]', "must be a JSON object"),
+        ('{"arguments": {}}', 'needs a string "name"'),
+        ('{"name": "Read", "arguments": "file_path=a"}', "must be a JSON object"),
+        ('{"name": "Read", "arguments": {}, "id": 3}', "unexpected keys"),
+    ],
+)
+def test_parse_malformed_calls_are_errors(body, fragment):
+    items, violations = parse_tool_calls(f"<tool_call>{body}</tool_call>")
+    assert violations == 1
+    assert isinstance(items[0], ToolCallError) and fragment in items[0].message
+
+
+def test_unclosed_call_is_an_error_and_no_call_is_nothing():
+    items, violations = parse_tool_calls('ok <tool_call>{"name": "Read", "arguments": {}}')
+    assert violations == 1 and "not closed" in items[0].message
+    assert parse_tool_calls("just prose </tool_call>") == ([], 0)
+
+
+def test_schema_errors_find_missing_wrong_and_unknown():
+    schema = default_tools()[0].parameters  # Bash
+    assert schema_errors(schema, {"command": "ls"}) == []
+    assert any("missing required 'command'" in e for e in schema_errors(schema, {}))
+    assert any("arguments.timeout must be of type number" in e for e in schema_errors(schema, {"command": "ls", "timeout": "5"}))
+    assert any("unknown property 'cwd'" in e for e in schema_errors(schema, {"command": "ls", "cwd": "/"}))
+    assert schema_errors({"type": "integer"}, True) == ["arguments must be of type integer"]
+
+
+def test_toolbox_counts_schema_violations(context):
+    toolbox = Toolbox(default_tools())
+    bad = [ToolCallError("x", "tool call is not valid JSON"), ToolCall("Teleport", {}), ToolCall("Read", {"path": "model.py"})]
+    texts = [context.runner.run(toolbox.execute(item, context)) for item in bad]
+    assert all(text.startswith("Error:") for text in texts)
+    assert "unknown tool 'Teleport'" in texts[1]
+    assert "missing required 'file_path'" in texts[2]
+    assert toolbox.stats.schema_violations == 3
+    good = context.runner.run(toolbox.execute(ToolCall("Read", {"file_path": "model.py"}), context))
+    assert "return x * 2" in good and toolbox.stats.schema_violations == 3
+
+
+# --- truncation ----------------------------------------------------------------------------
+
+def test_truncate_keeps_head_and_tail_and_counts_cut_bytes():
+    data = b"A" * 600 + b"B" * 800 + b"C" * 600
+    text = truncate_text(data, 1000)
+    assert text.startswith("A" * 500) and text.endswith("C" * 500)
+    assert "[... 1000 bytes cut ...]" in text
+    assert truncate_text(b"short", 1000) == "short"
+
+
+# --- workspace confinement -----------------------------------------------------------------
+
+def test_workspace_layout(context):
+    root = context.workspace.root
+    assert (root / "model.py").read_text() == TASK
+    assert (root / "kernels").is_dir()
+    assert not (root / "utils").exists()
+    assert (root / "binding_registry.h").is_file()
+    assert not os.access(root / "model.py", os.W_OK) or os.geteuid() == 0
+    assert (root / "model.py").stat().st_mode & 0o222 == 0
+
+
+@pytest.mark.parametrize("path", ["../outside.txt", "kernels/../../outside.txt", "/etc/hostname_h7", "/tmp/x"])
+def test_traversal_and_absolute_paths_refused(context, path):
+    text, _ = call(context, "Write", file_path=path, content="x")
+    assert text.startswith("Error:") and "outside the workspace" in text
+    assert not (context.workspace.root.parent / "outside.txt").exists()
+
+
+def test_absolute_path_inside_workspace_allowed(context):
+    target = context.workspace.root.resolve() / "kernels" / "a.cpp"
+    text, _ = call(context, "Write", file_path=str(target), content="int a;\n")
+    assert not text.startswith("Error") and target.read_text() == "int a;\n"
+
+
+def test_symlink_escapes_refused(context, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret")
+    root = context.workspace.root
+    os.symlink(secret, root / "kernels" / "link.txt")
+    os.symlink(tmp_path, root / "kernels" / "outdir")
+    for name, args in [
+        ("Read", {"file_path": "kernels/link.txt"}),
+        ("Write", {"file_path": "kernels/link.txt", "content": "pwned"}),
+        ("Write", {"file_path": "kernels/outdir/new.txt", "content": "pwned"}),
+        ("Edit", {"file_path": "kernels/link.txt", "old_string": "top", "new_string": "bottom"}),
+        ("Grep", {"pattern": "secret", "path": "kernels/outdir"}),
+    ]:
+        text, _ = call(context, name, **args)
+        assert "outside the workspace" in text, (name, text)
+    assert secret.read_text() == "top secret"
+    assert not (tmp_path / "new.txt").exists()
+    # Walking tools skip links out, and the links never reach the evaluator.
+    text, _ = call(context, "Grep", pattern="top secret")
+    assert text == "No matches."
+    text, _ = call(context, "Glob", pattern="**/*.txt")
+    assert text == "No files matched."
+    context.workspace.write_text("model_new.py", "x = 1\n")
+    assert sorted(context.workspace.solution_files()) == ["model_new.py"]
+
+
+def test_harness_files_are_read_only_to_tools(context):
+    for name in ("model.py", "binding.cpp", "binding_registry.h", "./model.py", "kernels/../model.py"):
+        text, _ = call(context, "Write", file_path=name, content="x")
+        assert "read-only" in text, text
+    text, _ = call(context, "Edit", file_path="model.py", old_string="x * 2", new_string="x * 3")
+    assert "read-only" in text
+    assert (context.workspace.root / "model.py").read_text() == TASK
+
+
+@pytest.mark.skipif(not can_switch_uid(), reason="needs root to run commands as their own uid")
+def test_commands_cannot_touch_the_task_or_outside(context, tmp_path):
+    assert context.workspace.sandbox_uid is not None
+    text, _ = call(context, "Bash", command="echo hacked > model.py; rm -f model.py; mv model.py m.py; echo hi > ../escaped.txt; touch kernels/ok.cpp; echo done")
+    assert "done" in text
+    assert (context.workspace.root / "model.py").read_text() == TASK
+    assert not (tmp_path / "escaped.txt").exists()
+    assert (context.workspace.root / "kernels" / "ok.cpp").exists()
+
+
+@pytest.mark.skipif(not sandbox_report()["no_network"], reason="this machine cannot drop the network (unshare)")
+def test_commands_have_no_network(context):
+    text, _ = call(context, "Bash", command="tail -n +3 /proc/self/net/dev | cut -d: -f1")
+    assert [line.strip() for line in text.split("\n")[:-2] if line.strip()] == ["lo"]
+
+
+# --- file tools ----------------------------------------------------------------------------
+
+def test_read_write_edit_multiedit(context):
+    call(context, "Write", file_path="kernels/op.cpp", content="int a = 1;\nint b = 1;\nint c = 3;\n")
+    text, _ = call(context, "Read", file_path="kernels/op.cpp", offset=2, limit=1)
+    assert text == "     2\tint b = 1;"
+    text, _ = call(context, "Edit", file_path="kernels/op.cpp", old_string="= 1", new_string="= 2")
+    assert "occurs 2 times" in text
+    call(context, "Edit", file_path="kernels/op.cpp", old_string="= 1", new_string="= 2", replace_all=True)
+    path = context.workspace.root / "kernels" / "op.cpp"
+    assert path.read_text() == "int a = 2;\nint b = 2;\nint c = 3;\n"
+    text, _ = call(
+        context,
+        "MultiEdit",
+        file_path="kernels/op.cpp",
+        edits=[{"old_string": "int c = 3;", "new_string": "int c = 4;"}, {"old_string": "missing", "new_string": "x"}],
+    )
+    assert "edit 2" in text and "no edit was applied" in text
+    assert path.read_text() == "int a = 2;\nint b = 2;\nint c = 3;\n"
+    call(context, "MultiEdit", file_path="kernels/op.cpp", edits=[{"old_string": "a = 2", "new_string": "a = 5"}, {"old_string": "c = 3", "new_string": "c = 6"}])
+    assert path.read_text() == "int a = 5;\nint b = 2;\nint c = 6;\n"
+
+
+def test_glob_and_grep(context):
+    call(context, "Write", file_path="kernels/a.cu", content="__global__ void k() {}\n")
+    call(context, "Write", file_path="kernels/sub/b.cu", content="// nothing\n__global__ void j() {}\n")
+    call(context, "Write", file_path="kernels/a_binding.cpp", content="REGISTER_BINDING(a, a);\n")
+    text, _ = call(context, "Glob", pattern="**/*.cu")
+    assert text.split("\n") == ["kernels/a.cu", "kernels/sub/b.cu"]
+    text, _ = call(context, "Glob", pattern="*.cu", path="kernels")
+    assert text.split("\n") == ["kernels/a.cu"]
+    text, _ = call(context, "Grep", pattern="__global__", glob="*.cu")
+    assert text.split("\n") == ["kernels/a.cu:1:__global__ void k() {}", "kernels/sub/b.cu:2:__global__ void j() {}"]
+    text, _ = call(context, "Grep", pattern="(unclosed")
+    assert "invalid regular expression" in text
+
+
+# --- Bash and the sandbox ------------------------------------------------------------------
+
+def test_bash_output_and_exit_code(context):
+    text, _ = call(context, "Bash", command="echo out; echo err 1>&2; exit 3")
+    assert text == "out\nerr\n\n[exit code 3]"
+
+
+def test_bash_truncation_note_counts_bytes(context):
+    text, _ = call(context, "Bash", command="head -c 5000 /dev/zero | tr '\\0' a")
+    assert "[... 4000 bytes cut ...]" in text
+    assert text.count("a") == 1000
+
+
+def test_runaway_sleep_killed_at_timeout(context):
+    start = time.monotonic()
+    text, _ = call(context, "Bash", command="sleep 100", timeout=1)
+    assert time.monotonic() - start < 6
+    assert "[killed after the 1 s timeout]" in text
+
+
+def test_fork_loop_killed_and_limited(context):
+    start = time.monotonic()
+    text, _ = call(context, "Bash", command="while true; do sleep 100 & done", timeout=2)
+    assert time.monotonic() - start < 10
+    assert "[killed after the 2 s timeout]" in text
+    # Nothing of the loop survives: no `sleep 100` whose process group was the command's.
+    time.sleep(0.2)
+    survivors = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cmdline = Path(entry.path, "cmdline").read_bytes()
+                cwd = os.readlink(Path(entry.path, "cwd"))
+            except OSError:
+                continue
+            if cmdline.startswith(b"sleep\x00100") and cwd == str(context.workspace.root.resolve()):
+                survivors.append(entry.name)
+    assert survivors == []
+
+
+@pytest.mark.skipif(not can_switch_uid(), reason="the process limit is per uid; exact only with an own uid")
+def test_process_limit_stops_fork_bomb(context):
+    # 100 background sleeps against a limit of 32 processes: bash reports failed forks.
+    text, _ = call(context, "Bash", command="for i in $(seq 100); do sleep 5 & done; echo started", timeout=8)
+    assert "fork:" in text
+
+
+def test_background_command_output_and_kill(context):
+    text, _ = call(context, "Bash", command="for i in 1 2 3; do echo line$i; sleep 0.1; done; sleep 100", run_in_background=True)
+    job_id = text.split("id ")[1].split(".")[0]
+    time.sleep(0.1)
+    deadline = time.monotonic() + 5
+    seen = ""
+    while "line3" not in seen and time.monotonic() < deadline:
+        out, _ = call(context, "BashOutput", bash_id=job_id)
+        seen += out
+        time.sleep(0.1)
+    assert "line1" in seen and "line3" in seen and "[running]" in seen
+    text, _ = call(context, "KillBash", bash_id=job_id)
+    assert text == f"Killed {job_id}."
+    text, _ = call(context, "BashOutput", bash_id=job_id)
+    assert "no background command" in text
+
+
+def test_configs_hold_the_paper_values():
+    training, evaluation, tiny = load_agent_config("agent"), load_agent_config("agent_eval"), load_agent_config("agent_tiny")
+    assert training.max_turns == 150 and evaluation.max_turns == 200
+    assert training.context_budget_tokens == 131072 == evaluation.context_budget_tokens
+    assert tiny.backend == "host"
+    with pytest.raises(FileNotFoundError):
+        load_agent_config("no_such_config")
