@@ -68,3 +68,19 @@ def raises(job: dict) -> dict:
 
 def not_a_dict(job: dict):
     return 42
+
+
+def maybe_hang(job: dict) -> dict:
+    """Hangs when the job says so, otherwise reports the child's pid."""
+    if job.get("hang"):
+        hang(job)
+    return {"status": "correct", "pid": os.getpid()}
+
+
+def maybe_crash(job: dict) -> dict:
+    """Crashes when the job says so, otherwise reports the child's pid."""
+    if job.get("crash"):
+        crash(job)
+    if job.get("cuda_error"):
+        return cuda_error(job)
+    return {"status": "correct", "pid": os.getpid()}

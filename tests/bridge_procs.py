@@ -5,9 +5,14 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
+import sys
 import time
 
 from bridge.settings import FAST_TEST_SETTINGS
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:  # spawned children inherit sys.path: tests.bridge_handlers resolves
+    sys.path.insert(0, REPO_ROOT)
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -84,3 +89,21 @@ def stop(proc, timeout=5.0):
 
 def read_lines(path) -> list[str]:
     return open(path).read().splitlines() if os.path.exists(path) else []
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of a process, read from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def raw_dealer(endpoint: str):
+    """A bare DEALER socket (and its context) to send hand-made frames to the broker."""
+    import zmq
+
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.connect(endpoint)
+    return context, sock
