@@ -1,0 +1,99 @@
+"""Orbax checkpoints of a TrainState (parameters, optimiser state, step) plus the data position.
+
+Layout under the run's checkpoint directory: one folder per step with an item `state` (the
+arrays, restored straight into the shardings of a template state) and an item `data` (JSON: where
+the data iterator stands, and anything else the driver wants back on resume).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from policy_jax.train_state import TrainState
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be restored (one clear line for the user)."""
+
+
+def _arrays_of(state: TrainState) -> dict[str, Any]:
+    return {"step": state.step, "params": state.params, "opt_state": state.opt_state, "rest": state.rest}
+
+
+def _abstract_arrays_of(state: TrainState) -> dict[str, Any]:
+    """Shapes, dtypes and shardings of `state`'s arrays: the target a restore fills."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _arrays_of(state)
+    )
+
+
+class TrainCheckpointer:
+    """Save and restore TrainStates under `directory` (local path or gs://), keeping the last `max_to_keep`."""
+
+    def __init__(self, directory: str | Path, max_to_keep: int = 3, save_every: int = 1):
+        directory = str(directory)
+        if "://" not in directory:
+            directory = str(Path(directory).expanduser().resolve())
+        self.directory = directory
+        self.save_every = save_every
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+        self._manager = ocp.CheckpointManager(directory, options=options, item_names=("state", "data"))
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def should_save(self, step: int) -> bool:
+        return self.save_every > 0 and step % self.save_every == 0
+
+    def save(self, state: TrainState, data_position: dict[str, Any] | None = None, *, wait: bool = True) -> int:
+        """Write `state` under its step number; returns the step. `data_position` must be JSON-serialisable."""
+        step = int(jax.device_get(state.step))
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(_arrays_of(state)),
+            data=ocp.args.JsonSave(dict(data_position or {})),
+        )
+        self._manager.save(step, args=args, force=True)
+        if wait:
+            self._manager.wait_until_finished()
+        return step
+
+    def restore(self, template: TrainState, step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
+        """Restore into the shapes and shardings of `template` (a freshly created state of the same model
+        and optimiser); `step` defaults to the latest. Returns the state and the saved data position."""
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointError(f"no checkpoint in {self.directory}")
+        elif step not in self.all_steps():
+            raise CheckpointError(f"no checkpoint for step {step} in {self.directory} (have {self.all_steps()})")
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(_abstract_arrays_of(template)),
+            data=ocp.args.JsonRestore(),
+        )
+        try:
+            restored = self._manager.restore(step, args=args)
+        except (ValueError, KeyError, TypeError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} does not fit this model/optimiser: {first}") from None
+        arrays = restored["state"]
+        state = template.replace(
+            step=arrays["step"], params=arrays["params"], opt_state=arrays["opt_state"], rest=arrays["rest"]
+        )
+        return state, dict(restored["data"] or {})
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self) -> "TrainCheckpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
