@@ -1,0 +1,83 @@
+"""Entry point of every child process: `python -m evaluator_cuda.child <role>`.
+
+The child reads requests from the channel fd the parent passed (sandbox.py), runs the role's
+handler and writes one structured reply per request. stdout/stderr go to a log file only.
+A handler's exception becomes `{"ok": False, "kind", "message", "detail"}`; `kind` tells the
+parent whose fault it is (task, compile, runtime, forbidden, internal).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import traceback
+
+from . import wire
+from .sandbox import CHANNEL_FD_ENV
+
+
+class HandlerError(Exception):
+    """An expected failure of a request, with the kind the parent classifies it by."""
+
+    def __init__(self, kind: str, message: str, detail: str = ""):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.detail = detail
+
+
+def one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return first[:500]
+
+
+def _handlers(role: str):
+    if role == "reference":
+        from .child_reference import ReferenceRole
+
+        return ReferenceRole()
+    if role == "candidate":
+        from .child_candidate import CandidateRole
+
+        return CandidateRole()
+    if role == "build":
+        from .child_build import BuildRole
+
+        return BuildRole()
+    raise SystemExit(f"unknown child role {role!r}")
+
+
+def serve(role: str) -> None:
+    sock = socket.socket(fileno=int(os.environ[CHANNEL_FD_ENV]))
+    os.environ.pop(CHANNEL_FD_ENV, None)
+    handler = _handlers(role)
+    while True:
+        try:
+            request = wire.recv_message(sock)
+        except wire.ChannelClosed:
+            return
+        cmd = request.get("cmd") if isinstance(request, dict) else None
+        if cmd == "exit":
+            return
+        method = getattr(handler, f"do_{cmd}", None) if isinstance(cmd, str) else None
+        try:
+            if method is None:
+                raise HandlerError("internal", f"unknown command {cmd!r} for the {role} child")
+            reply = method(request)
+            reply.setdefault("ok", True)
+        except HandlerError as exc:
+            reply = {"ok": False, "kind": exc.kind, "message": exc.message, "detail": exc.detail[-8000:]}
+        except Exception as exc:  # a failure of harness code in the child
+            reply = {"ok": False, "kind": "internal", "message": one_line(exc), "detail": traceback.format_exc()[-8000:]}
+        sys.stdout.flush()
+        sys.stderr.flush()
+        wire.send_message(sock, reply)
+
+
+if __name__ == "__main__":
+    # Run the imported module's serve() so that handlers and this loop share one HandlerError class.
+    from evaluator_cuda.child import serve as _serve
+
+    _serve(sys.argv[1] if len(sys.argv) > 1 else "")

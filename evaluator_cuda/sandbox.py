@@ -1,0 +1,173 @@
+"""The one place where the evaluator starts child processes.
+
+A child is `python -m evaluator_cuda.child <role>` in its own session (process group), with
+resource limits, its stdout/stderr going to a log file that is never parsed for a verdict,
+and one end of a socket pair the parent owns as its only channel (see wire.py). On timeout
+the whole process group is killed. Issue 3 (hardening) tightens this file: namespaces,
+seccomp, read-only mounts, no network.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from . import wire
+
+CHANNEL_FD_ENV = "CUDA_AGENT_CHANNEL_FD"
+DEFAULT_FILE_SIZE_LIMIT = 8 * 1024**3
+DEFAULT_OPEN_FILES_LIMIT = 4096
+
+
+class ChildFailed(Exception):
+    """The child did not answer: it died, hung past its deadline, or broke the protocol.
+
+    `kind` is "died", "timeout" or "protocol"; `log_tail` holds the end of its stdout/stderr.
+    """
+
+    def __init__(self, kind: str, message: str, log_tail: str = "", returncode: int | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.log_tail = log_tail
+        self.returncode = returncode
+
+
+def _limit_resources(file_size_limit: int, open_files_limit: int) -> None:
+    """Runs in the child between fork and exec."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = open_files_limit if hard == resource.RLIM_INFINITY else min(open_files_limit, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class Child:
+    """A running child process with its channel. Use as a context manager; close() kills the group."""
+
+    def __init__(
+        self,
+        role: str,
+        workdir: Path,
+        env: dict[str, str] | None = None,
+        log_name: str | None = None,
+        file_size_limit: int = DEFAULT_FILE_SIZE_LIMIT,
+    ):
+        self.role = role
+        self.workdir = Path(workdir)
+        self.log_path = self.workdir / (log_name or f"{role}.log")
+        parent_sock, child_sock = socket.socketpair()
+        self.sock = parent_sock
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        child_env[CHANNEL_FD_ENV] = str(child_sock.fileno())
+        child_env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+        self._log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "evaluator_cuda.child", role],
+                cwd=str(self.workdir),
+                env=child_env,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(child_sock.fileno(),),
+                start_new_session=True,
+                preexec_fn=lambda: _limit_resources(file_size_limit, DEFAULT_OPEN_FILES_LIMIT),
+            )
+        finally:
+            child_sock.close()
+
+    def log_tail(self, max_chars: int = 4000) -> str:
+        try:
+            self._log.flush()
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-max_chars:].decode("utf-8", "replace")
+
+    def submit(self, message: dict) -> None:
+        """Send one request without waiting (the reply is collected by result())."""
+        try:
+            wire.send_message(self.sock, message)
+        except wire.ChannelClosed:
+            pass  # the child is gone; result() reports how it ended
+
+    def result(self, timeout: float, tensor_meta: list | None = None) -> dict:
+        """Wait for the reply to the last request; ChildFailed if the child dies, hangs or misbehaves."""
+        try:
+            reply = wire.recv_message(self.sock, timeout=timeout, tensor_meta=tensor_meta)
+        except wire.ChannelTimeout:
+            self.kill()
+            raise ChildFailed("timeout", f"{self.role} process gave no answer within {timeout:.0f} s", self.log_tail())
+        except wire.ChannelClosed:
+            code = self._wait_exit(5.0)
+            raise ChildFailed("died", f"{self.role} process {describe_exit(code)}", self.log_tail(), code)
+        except wire.ProtocolError as exc:
+            self.kill()
+            raise ChildFailed("protocol", f"{self.role} process broke the protocol: {exc}", self.log_tail())
+        if not isinstance(reply, dict):
+            self.kill()
+            raise ChildFailed("protocol", f"{self.role} process sent a reply that is not a mapping", self.log_tail())
+        return reply
+
+    def request(self, message: dict, timeout: float, tensor_meta: list | None = None) -> dict:
+        self.submit(message)
+        return self.result(timeout, tensor_meta)
+
+    def _wait_exit(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.returncode
+
+    def kill(self) -> None:
+        """Kill the child's whole process group (it may have started its own children)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        else:
+            try:  # the leader exited; kill stragglers left in its group
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        """Ask politely, then kill the group."""
+        if self.proc.poll() is None:
+            try:
+                wire.send_message(self.sock, {"cmd": "exit"})
+                self.proc.wait(timeout=2.0)
+            except (wire.ChannelClosed, subprocess.TimeoutExpired, OSError):
+                pass
+        self.kill()
+        self.sock.close()
+        self._log.close()
+
+    def __enter__(self) -> "Child":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

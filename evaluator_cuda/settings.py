@@ -1,0 +1,83 @@
+"""Settings of one evaluation, with the paper's and KernelBench's values as named defaults.
+
+Paper (CUDA Agent, reference.md §4-§6): 5 correctness checks, `assert_close(atol=1e-2, rtol=1e-2)`,
+5 warm-up and 10 timed calls, `torch.compile` in its default mode, a 5% milestone margin.
+KernelBench: 3 warm-ups, 100 trials, a 256 MiB L2 flush before each trial.
+We keep the paper's check count, tolerances and margin, and time more than the paper
+(median of several repeats) on CUDA; the host backend times fewer calls because it is
+a functional stand-in on small CPUs, not a benchmark of record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+PAPER_CHECKS = 5
+PAPER_ATOL = 1e-2
+PAPER_RTOL = 1e-2
+PAPER_MARGIN = 0.05
+PAPER_WARMUP = 5
+PAPER_TIMED_CALLS = 10
+KERNELBENCH_L2_FLUSH_BYTES = 256 * 1024 * 1024
+DEFAULT_ARCH_LIST = "9.0"  # Hopper (H100/H200/H20)
+
+BACKENDS = ("cuda", "host")
+
+
+def cache_root() -> Path:
+    """Where builds, baselines and torch's own extension cache live ($CUDA_AGENT_CACHE or ~/.cache/cuda-agent)."""
+    root = os.environ.get("CUDA_AGENT_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "cuda-agent"
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """Everything that decides how one candidate is built, checked, timed and rewarded."""
+
+    backend: str = "cuda"  # "cuda" or "host" (C++ kernels on the CPU, same workspace machinery)
+    arch_list: str = DEFAULT_ARCH_LIST  # TORCH_CUDA_ARCH_LIST, always set explicitly
+    checks: int = PAPER_CHECKS
+    atol: float = PAPER_ATOL
+    rtol: float = PAPER_RTOL
+    margin: float = PAPER_MARGIN
+    warmup: int = PAPER_WARMUP
+    repeats: int = 30  # timed calls per measurement (paper 10, KernelBench 100)
+    l2_flush_bytes: int = KERNELBENCH_L2_FLUSH_BYTES
+    compile_mode: str = "default"  # torch.compile mode of the compile baseline (paper: default)
+    profile: bool = True  # time the candidate and the baselines (False: verdict only, reward None)
+    block_torch: bool = True  # refuse torch compute outside the extension while the candidate runs
+    compile_timeout_s: float = 300.0
+    child_timeout_s: float = 300.0  # per request to a verify/profile child (torch.compile can be slow)
+    cache_dir: str | None = None  # None: cache_root()
+
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else cache_root()
+
+    def device_type(self) -> str:
+        return "cuda" if self.backend == "cuda" else "cpu"
+
+    @classmethod
+    def for_backend(cls, backend: str, **overrides) -> "EvalSettings":
+        """Defaults for a backend; the host backend times fewer calls (2 warm-ups, 5 timed)."""
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
+        base = {"backend": backend}
+        if backend == "host":
+            base.update(warmup=2, repeats=5, l2_flush_bytes=0)
+        base.update(overrides)
+        return cls(**base)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict | None) -> "EvalSettings":
+        values = dict(values or {})
+        backend = values.pop("backend", "cuda")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown settings: {', '.join(unknown)}")
+        return cls.for_backend(backend, **values)

@@ -1,0 +1,142 @@
+"""Reference tasks: `Model`, `get_inputs`, `get_init_inputs` in one Python source.
+
+Sources come from one `.py` file, a folder laid out like KernelBench (`level1/1_Name.py`, or
+flat `*.py`), or a parquet file with a `code` column (CUDA-Agent-Ops-6K). Loading checks what
+can be checked without running the task (syntax, the three definitions); what needs running
+it (`get_inputs` raising, a wrong return type) is checked by the reference child and reported
+as a `TaskError` with the same one-line form. A malformed task never stops the other tasks.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+REQUIRED = ("Model", "get_inputs", "get_init_inputs")
+
+
+class TaskError(Exception):
+    """A task that cannot be used; str() is one line naming the task and the problem."""
+
+    def __init__(self, task_name: str, problem: str):
+        super().__init__(f"task {task_name}: {problem}")
+        self.task_name = task_name
+        self.problem = problem
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str
+    source: str
+    origin: str = ""  # file (and row) it came from
+
+    @property
+    def stem(self) -> str:
+        """The last part of the name, which solutions are matched by (`level1/1_Foo` -> `1_Foo`)."""
+        return self.name.rsplit("/", 1)[-1]
+
+
+@dataclasses.dataclass
+class TaskSet:
+    tasks: list[Task]
+    problems: list[TaskError]
+
+
+def check_task_source(name: str, source: str) -> None:
+    """Raise TaskError if the source does not parse or lacks Model / get_inputs / get_init_inputs."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise TaskError(name, f"syntax error at line {exc.lineno}: {exc.msg}") from None
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+    missing = [n for n in REQUIRED if n not in defined]
+    if missing:
+        what = ", ".join(f"{n}()" if n != "Model" else "class Model" for n in missing)
+        raise TaskError(name, f"missing {what}")
+
+
+def _level_key(path: Path) -> tuple:
+    numbers = [int(n) for n in re.findall(r"\d+", path.as_posix())]
+    return (numbers, path.as_posix())
+
+
+def _folder_sources(folder: Path) -> list[tuple[str, str, str]]:
+    files = [p for p in folder.rglob("*.py") if p.name != "__init__.py" and not any(part.startswith((".", "_")) for part in p.relative_to(folder).parts)]
+    out = []
+    for path in sorted(files, key=lambda p: _level_key(p.relative_to(folder))):
+        name = path.relative_to(folder).with_suffix("").as_posix()
+        out.append((name, path.read_text(errors="replace"), str(path)))
+    return out
+
+
+def _parquet_sources(path: Path) -> list[tuple[str, str, str]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    if "code" not in table.column_names:
+        raise TaskError(path.name, "parquet file has no `code` column")
+    codes = table.column("code").to_pylist()
+    names = None
+    for column in ("name", "problem_id", "task_id", "id"):
+        if column in table.column_names:
+            names = [str(v) for v in table.column(column).to_pylist()]
+            break
+    out = []
+    for i, code in enumerate(codes):
+        name = names[i] if names else f"{path.stem}/{i}"
+        out.append((name, code if isinstance(code, str) else "", f"{path}#row{i}"))
+    return out
+
+
+def load_tasks(path: str | Path) -> TaskSet:
+    """Load every task under `path` (.py file, KernelBench-style folder or parquet with a `code` column)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no such task file or folder: {path}")
+    if path.is_dir():
+        sources = _folder_sources(path)
+    elif path.suffix == ".parquet":
+        sources = _parquet_sources(path)
+    elif path.suffix == ".py":
+        sources = [(path.stem, path.read_text(errors="replace"), str(path))]
+    else:
+        raise TaskError(path.name, "expected a .py file, a folder of them or a .parquet file")
+    tasks, problems = [], []
+    for name, source, origin in sources:
+        try:
+            check_task_source(name, source)
+        except TaskError as exc:
+            problems.append(exc)
+            continue
+        tasks.append(Task(name=name, source=source, origin=origin))
+    return TaskSet(tasks=tasks, problems=problems)
+
+
+def exec_task(name: str, source: str, module_name: str = "model") -> dict:
+    """Run a task's source as a fresh module (in a child process) and return its namespace."""
+    import sys
+    import types
+
+    module = types.ModuleType(module_name)
+    module.__file__ = f"<task {name}>"
+    sys.modules[module_name] = module
+    try:
+        code = compile(source, f"<task {name}>", "exec")
+        exec(code, module.__dict__)
+    except SyntaxError as exc:
+        raise TaskError(name, f"syntax error at line {exc.lineno}: {exc.msg}") from None
+    except Exception as exc:
+        raise TaskError(name, f"running the task source raised {type(exc).__name__}: {exc}") from None
+    for required in REQUIRED:
+        if required not in module.__dict__:
+            raise TaskError(name, f"missing {required}")
+    return module.__dict__
