@@ -84,3 +84,15 @@ def maybe_crash(job: dict) -> dict:
     if job.get("cuda_error"):
         return cuda_error(job)
     return {"status": "correct", "pid": os.getpid()}
+
+
+def describe(job: dict) -> dict:
+    """What arrived: task name, solution files and settings (to check a submitted job end to end)."""
+    return {
+        "status": "correct",
+        "task": job["task"]["name"],
+        "task_bytes": len(job["task"]["source"]),
+        "format": job["solution"]["format"],
+        "files": {name: len(data) for name, data in job["solution"]["files"].items()},
+        "settings": job["settings"],
+    }
