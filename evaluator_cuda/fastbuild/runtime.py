@@ -1,0 +1,118 @@
+"""The binding runtime: built once per machine with the real torch headers, then loads fast-built libraries.
+
+`ensure_binding_runtime()` compiles runtime/binding_runtime.cpp with torch.utils.cpp_extension.load
+the first time (≈15–30 s; cached under a key of the runtime source, the ABI header, torch, CUDA and
+Python versions) and imports it. Call it once when a worker starts, before candidates are loaded.
+`load_fast_extension(so_path)` attaches a fast-built library to the runtime and registers the module
+`cuda_extension` in sys.modules, so `import cuda_extension` in model_new.py finds it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+from .toolchain import digest_of
+
+RUNTIME_NAME = "cuda_agent_binding_runtime"
+RUNTIME_SOURCE = Path(__file__).parent / "runtime" / "binding_runtime.cpp"
+ABI_HEADER = Path(__file__).parent / "include" / "cuda_agent_fast_abi.h"
+FAST_ENTRY_SYMBOL = b"cuda_agent_fast_attach"
+RUNTIME_BUILDER_VERSION = "1"
+
+
+def runtime_key() -> str:
+    """Everything the built runtime depends on."""
+    import torch
+
+    return digest_of(
+        RUNTIME_BUILDER_VERSION,
+        RUNTIME_SOURCE.read_bytes(),
+        ABI_HEADER.read_bytes(),
+        torch.__version__,
+        str(torch.version.cuda),
+        f"{sys.version_info[0]}.{sys.version_info[1]}",
+        sys.implementation.cache_tag or "",
+    )
+
+
+def runtime_dir(cache_dir: Path | str | None = None) -> Path:
+    from .builder import default_cache_dir
+
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    return root / "runtime" / runtime_key()
+
+
+def _import_built(path: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(RUNTIME_NAME, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_RUNTIME: types.ModuleType | None = None
+
+
+def ensure_binding_runtime(cache_dir: Path | str | None = None, verbose: bool = False) -> types.ModuleType:
+    """The binding runtime module, built on first use on this machine (torch must be importable)."""
+    global _RUNTIME
+    if _RUNTIME is not None:
+        return _RUNTIME
+    if RUNTIME_NAME in sys.modules:
+        _RUNTIME = sys.modules[RUNTIME_NAME]
+        return _RUNTIME
+    import torch
+
+    build_dir = runtime_dir(cache_dir)
+    built = build_dir / f"{RUNTIME_NAME}.so"
+    if built.exists():
+        _RUNTIME = _import_built(built)
+    else:
+        from torch.utils.cpp_extension import load
+
+        build_dir.mkdir(parents=True, exist_ok=True)
+        with_cuda = torch.version.cuda is not None
+        flags = ["-O2"] + (["-DCUDA_AGENT_WITH_CUDA"] if with_cuda else [])
+        _RUNTIME = load(
+            name=RUNTIME_NAME,
+            sources=[str(RUNTIME_SOURCE)],
+            extra_cflags=flags,
+            build_directory=str(build_dir),
+            with_cuda=with_cuda,
+            verbose=verbose,
+        )
+    sys.modules[RUNTIME_NAME] = _RUNTIME
+    return _RUNTIME
+
+
+def is_fast_extension(so: Path | str | bytes) -> bool:
+    """Whether a built library (path or bytes) came from the fast build (it exports cuda_agent_fast_attach)."""
+    data = so if isinstance(so, bytes) else Path(so).read_bytes()
+    return FAST_ENTRY_SYMBOL in data
+
+
+def load_fast_extension(so_path: Path | str, module_name: str = "cuda_extension",
+                        cache_dir: Path | str | None = None) -> types.ModuleType:
+    """Attach a fast-built library and register it as `module_name` in sys.modules (runs its static initialisers)."""
+    runtime = ensure_binding_runtime(cache_dir)
+    bindings = runtime.load_library(str(so_path))
+    module = types.ModuleType(module_name, "Custom kernels of one CUDA-Agent workspace (fast build)")
+    module.__file__ = str(so_path)
+    for name, binding in bindings.items():
+        setattr(module, name, binding)
+    sys.modules[module_name] = module
+    return module
+
+
+def load_extension(so_path: Path | str, module_name: str = "cuda_extension",
+                   cache_dir: Path | str | None = None) -> types.ModuleType:
+    """Load a built cuda_extension whichever way it was built (fast library or torch extension)."""
+    if is_fast_extension(so_path):
+        return load_fast_extension(so_path, module_name, cache_dir)
+    spec = importlib.util.spec_from_file_location(module_name, str(so_path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[module_name] = module
+    return module
