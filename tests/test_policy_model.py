@@ -20,6 +20,7 @@ from policy_jax.params_import import CheckpointError, load_critic_from_hf, load_
 from policy_jax.sharding import MeshConfig, MeshConfigError, logical_to_pspec, make_mesh
 from policy_jax.tokenizer import TokenizerError, load_tokenizer
 from policy_jax.transformer import CausalLM, Critic
+from policy_helpers import random_model
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -95,7 +96,9 @@ def test_logits_match_transformers_on_padded_batch(which, qwen2_ckpt, llama_ckpt
     tokens = np.where(valid, tokens, 0)
     segment_ids = valid.astype(np.int32)
     ref = _hf_logits(hf, tokens, attention_mask_bt=valid.astype(np.int64))
-    got = np.asarray(ours(jnp.asarray(tokens), None, jnp.asarray(segment_ids)))
+    forward = nnx.jit(lambda m, t, p, s: m(t, p, s))
+    positions = np.broadcast_to(np.arange(12), tokens.shape)
+    got = np.asarray(forward(ours, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segment_ids)))
     assert got.shape == ref.shape
     assert np.abs(ref).max() > 1.0  # the comparison is not between near-zero numbers
     np.testing.assert_allclose(got[valid], ref[valid], atol=TOL, rtol=0)
@@ -105,7 +108,8 @@ def test_logits_match_transformers_on_padded_batch(which, qwen2_ckpt, llama_ckpt
     left_tokens = np.where(left_valid, tokens[:, ::-1], 0)
     positions = np.maximum(np.cumsum(left_valid, axis=1) - 1, 0)
     ref_left = _hf_logits(hf, left_tokens, left_valid.astype(np.int64), positions)
-    got_left = np.asarray(ours(jnp.asarray(left_tokens), jnp.asarray(positions), jnp.asarray(left_valid.astype(np.int32))))
+    got_left = np.asarray(forward(ours, jnp.asarray(left_tokens), jnp.asarray(positions),
+                                  jnp.asarray(left_valid.astype(np.int32))))
     np.testing.assert_allclose(got_left[left_valid], ref_left[left_valid], atol=TOL, rtol=0)
 
 
@@ -118,7 +122,7 @@ def test_packed_segments_equal_separate_sequences(llama_ckpt):
     tokens = np.concatenate([a, b, [0]])[None]
     segment_ids = np.array([[1] * 6 + [2] * 5 + [0]])
     positions = np.array([list(range(6)) + list(range(5)) + [0]])
-    got = np.asarray(ours(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segment_ids)))[0]
+    got = np.asarray(nnx.jit(lambda m: m(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segment_ids)))(ours))[0]
     np.testing.assert_allclose(got[:6], _hf_logits(hf, a[None])[0], atol=TOL, rtol=0)
     np.testing.assert_allclose(got[6:11], _hf_logits(hf, b[None])[0], atol=TOL, rtol=0)
 
@@ -136,7 +140,8 @@ def test_sharded_index_is_used_and_mesh_placement_keeps_logits(llama_ckpt):
     # each device holds a quarter of q (fsdp x tensor), read straight from the file
     assert {s.data.shape for s in q.addressable_shards} == {(32, 2, 32)}
     tokens = jnp.asarray(np.random.default_rng(2).integers(0, VOCAB, size=(2, 9)))
-    np.testing.assert_allclose(np.asarray(sharded(tokens)), np.asarray(single(tokens)), atol=1e-5, rtol=0)
+    forward = nnx.jit(lambda m: m(tokens))
+    np.testing.assert_allclose(np.asarray(forward(sharded)), np.asarray(forward(single)), atol=1e-5, rtol=0)
 
 
 def test_bf16_params_and_compute_stay_close(qwen2_ckpt):
@@ -144,7 +149,7 @@ def test_bf16_params_and_compute_stay_close(qwen2_ckpt):
     ours = load_hf_checkpoint(directory, dtype="bfloat16")
     assert ours.backbone.layers[0].mlp.gate_df.get_value().dtype == jnp.bfloat16
     tokens = np.random.default_rng(3).integers(0, VOCAB, size=(2, 10))
-    got = np.asarray(ours(jnp.asarray(tokens))).astype(np.float32)
+    got = np.asarray(nnx.jit(lambda m: m(jnp.asarray(tokens)))(ours)).astype(np.float32)
     ref = _hf_logits(hf, tokens)
     assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
 
@@ -164,21 +169,23 @@ def test_critic_backbone_from_checkpoint_and_zero_value_head(llama_ckpt):
     critic = load_critic_from_hf(directory, cfg=cfg)
     lm = load_hf_checkpoint(directory, cfg=cfg)
     tokens = jnp.asarray(np.random.default_rng(4).integers(0, VOCAB, size=(2, 7)))
-    np.testing.assert_array_equal(np.asarray(critic.backbone(tokens)), np.asarray(lm.backbone(tokens)))
-    values = critic(tokens)
+    backbone = nnx.jit(lambda m: m.backbone(tokens))
+    np.testing.assert_array_equal(np.asarray(backbone(critic)), np.asarray(backbone(lm)))
+    values = nnx.jit(lambda m: m(tokens))(critic)
     assert values.dtype == jnp.float32 and values.shape == (2, 7)
     assert np.all(np.asarray(values) == 0.0)
 
 
 def test_critic_value_is_linear_head_on_backbone():
     cfg = ModelConfig(vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=8, param_dtype="bfloat16")
-    critic = Critic(cfg, rngs=nnx.Rngs(0))
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=8, param_dtype="bfloat16",
+                      compute_dtype="float32")
+    critic = random_model(Critic, cfg, seed=0)
     critic.value_bias.set_value(jnp.asarray(0.5, jnp.bfloat16))
     tokens = jnp.arange(10).reshape(2, 5)
-    hidden = np.asarray(critic.backbone(tokens).astype(jnp.float32), np.float64)
+    hidden = np.asarray(nnx.jit(lambda m: m.backbone(tokens))(critic).astype(jnp.float32), np.float64)
     w = np.asarray(critic.value_d.get_value().astype(jnp.float32), np.float64)
-    values = critic(tokens)
+    values = nnx.jit(lambda m: m(tokens))(critic)
     assert values.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(values), hidden @ w + 0.5, rtol=1e-5, atol=1e-5)
 
@@ -186,10 +193,10 @@ def test_critic_value_is_linear_head_on_backbone():
 def test_remat_changes_nothing_but_memory():
     cfg = ModelConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=4, compute_dtype="float32")
-    plain, remat = CausalLM(cfg, rngs=nnx.Rngs(0)), CausalLM(cfg.replace(remat=True), rngs=nnx.Rngs(0))
+    plain, remat = random_model(CausalLM, cfg, seed=0), random_model(CausalLM, cfg.replace(remat=True), seed=0)
     tokens = jnp.arange(12).reshape(2, 6) % 40
-    loss = lambda m: jnp.mean(m(tokens) ** 2)  # noqa: E731
-    g_plain, g_remat = nnx.grad(loss)(plain), nnx.grad(loss)(remat)
+    grad = nnx.jit(nnx.grad(lambda m: jnp.mean(m(tokens) ** 2)))
+    g_plain, g_remat = grad(plain), grad(remat)
     for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
