@@ -213,8 +213,7 @@ class Broker:
                     break
                 sent += [item["id"] for item in batch]
                 batch, payloads, size = [], [], 0
-            batch.append({"id": jid, "frame": len(payloads)})
-            payloads.append(result)
+            batch.append(protocol.attach({"id": jid}, result, payloads))
             size += len(result)
         else:
             if batch and self._send_now(client, protocol.encode(Kind.RESULTS, {"items": batch}, payloads)):
@@ -256,9 +255,8 @@ class Broker:
                     job = self.jobs[queue.popleft()]
                     job.worker = worker.id
                     worker.inflight.add(job.id)
-                    items.append({"id": job.id, "service": job.service, "frame": len(payloads),
-                                  "attempt": job.attempts + 1, "time_limit": job.time_limit})
-                    payloads.append(job.body)
+                    items.append(protocol.attach({"id": job.id, "service": job.service, "attempt": job.attempts + 1,
+                                                  "time_limit": job.time_limit}, job.body, payloads))
                 if items:
                     self._queue(worker.id, Kind.JOBS, {"items": items}, payloads)
 
@@ -315,14 +313,14 @@ class Broker:
 
     # ------------------------------------------------------------------ client messages
     def _on_submit(self, client: bytes, message) -> None:
-        items = protocol.items_of(message, ("id", "service", "frame"))
-        accepted, busy, errors = [], [], []
+        items = protocol.items_of(message, ("id", "service"))
+        accepted, busy, errors, fresh = [], [], [], []
         for item in items:
             service, claimed = item["service"], item["id"]
             if not isinstance(service, str) or not 0 < len(service) <= _MAX_SERVICE_NAME:
                 errors.append({"id": claimed, "error": "service must be a short non-empty string"})
                 continue
-            body = protocol.payload_of(message, item["frame"])
+            body = protocol.payload_of(message, item)
             salt = item.get("salt", "")
             jid = protocol.job_id(service, body, salt if isinstance(salt, str) else "")
             if jid != claimed:
@@ -334,22 +332,28 @@ class Broker:
                 self.counters["duplicates"] += 1
                 accepted.append(jid)
                 continue
-            stored = self.journal.result_of(jid)
-            if stored is not None:
+            fresh.append((jid, service, body, item.get("time_limit")))
+        stored = self.journal.results_of([f[0] for f in fresh]) if fresh else {}
+        queued = self._queued_total()
+        for jid, service, body, limit in fresh:
+            if jid in stored or jid in self.jobs:  # finished earlier, or twice in this message
                 self.journal.add_waiter(jid, client)
-                self.to_send.setdefault(client, {})[jid] = stored
+                if jid in stored:
+                    self.to_send.setdefault(client, {})[jid] = stored[jid]
+                else:
+                    self.jobs[jid].waiters.add(client)
                 self.counters["duplicates"] += 1
                 accepted.append(jid)
                 continue
-            if self._queued_total() >= self.settings.max_queue:
+            if queued >= self.settings.max_queue:
                 busy.append(jid)
                 self.counters["busy"] += 1
                 continue
-            limit = item.get("time_limit")
             limit = float(limit) if isinstance(limit, (int, float)) and limit > 0 else None
             self.journal.accept(jid, service, body, limit, client)
             self.jobs[jid] = JobState(jid, service, body, limit, waiters={client})
             self.queues.setdefault(service, deque()).append(jid)
+            queued += 1
             self.counters["accepted"] += 1
             accepted.append(jid)
         self._queue(client, Kind.ACCEPTED, {"ids": accepted, "busy": busy, "errors": errors, "epoch": self.epoch})
@@ -414,10 +418,10 @@ class Broker:
         self._known_worker(wid)
 
     def _on_done(self, wid: bytes, message) -> None:
-        items = protocol.items_of(message, ("id", "frame"))
+        items = protocol.items_of(message, ("id",))
         worker = self._known_worker(wid)
         for item in items:
-            result = protocol.payload_of(message, item["frame"])
+            result = protocol.payload_of(message, item)
             jid = item["id"]
             if worker is not None:
                 worker.inflight.discard(jid)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import heapq
 import logging
 import os
 import queue
@@ -52,7 +53,6 @@ class _Waiting:
     time_limit: float | None
     futures: list = field(default_factory=list)  # (future, deadline or None)
     state: str = "unsent"  # unsent | sent | accepted | busy
-    retry_at: float = 0.0
 
 
 class BridgeClient:
@@ -176,6 +176,10 @@ class BridgeClient:
         self._waiting: dict[str, _Waiting] = {}
         self._status_waiters: list = []
         self._acks: list = []
+        self._deadlines: list = []  # heap of (deadline, seq, job id, future)
+        self._busy: dict = {}  # job id -> when to resubmit it
+        self._unsent: list = []  # waiting jobs to (re)submit; stale entries are skipped
+        self._seq = 0
         self._epoch = None
         self._last_heard = time.monotonic()
         self._last_ping = 0.0
@@ -227,7 +231,11 @@ class BridgeClient:
                     waiting = self._waiting.get(jid)
                     if waiting is None:
                         waiting = self._waiting[jid] = _Waiting(jid, service, body, salt, self.time_limit)
+                        self._unsent.append(waiting)
                     waiting.futures.append((future, deadline))
+                    if deadline is not None:
+                        self._seq += 1
+                        heapq.heappush(self._deadlines, (deadline, self._seq, jid, future))
 
     def _send(self, kind: str, fields=None, payloads=()) -> bool:
         try:
@@ -237,7 +245,11 @@ class BridgeClient:
             return False
 
     def _send_unsent(self) -> None:
-        unsent = [w for w in self._waiting.values() if w.state == "unsent"]
+        if not self._unsent:
+            unsent = []
+        else:
+            unsent = [w for w in self._unsent if w.state == "unsent" and self._waiting.get(w.id) is w]
+            self._unsent = []
         limit = self.settings.max_message_bytes // 2
         start = 0
         while start < len(unsent):
@@ -248,16 +260,17 @@ class BridgeClient:
                 size += len(unsent[end].body)
                 end += 1
             batch = unsent[start:end]
-            items = []
-            for i, w in enumerate(batch):
-                item = {"id": w.id, "service": w.service, "frame": i}
+            items, payloads = [], []
+            for w in batch:
+                item = {"id": w.id, "service": w.service}
                 if w.salt:
                     item["salt"] = w.salt
                 if w.time_limit:
                     item["time_limit"] = w.time_limit
-                items.append(item)
-            if not self._send(Kind.SUBMIT, {"items": items}, [w.body for w in batch]):
-                break  # link full: try again next iteration
+                items.append(protocol.attach(item, w.body, payloads))
+            if not self._send(Kind.SUBMIT, {"items": items}, payloads):
+                self._unsent = unsent[start:] + self._unsent  # link full: try again next iteration
+                break
             for w in batch:
                 w.state = "sent"
             start = end
@@ -283,14 +296,14 @@ class BridgeClient:
         if message.kind in (Kind.ACCEPTED, Kind.PONG):
             self._note_epoch(fields.get("epoch"))
         if message.kind == Kind.RESULTS:
-            for item in protocol.items_of(message, ("id", "frame")):
+            for item in protocol.items_of(message, ("id",)):
                 jid = item["id"]
                 self._acks.append(jid)
                 waiting = self._waiting.pop(jid, None)
                 if waiting is None:
                     continue  # a duplicate delivery, or nobody waits any more: reported once only
                 try:
-                    result = protocol.unpack_body(protocol.payload_of(message, item["frame"]))
+                    result = protocol.unpack_body(protocol.payload_of(message, item))
                 except ProtocolError as exc:
                     result = protocol.infra_error(f"result could not be decoded: {exc}")
                 for future, _ in waiting.futures:
@@ -302,7 +315,7 @@ class BridgeClient:
             for jid in fields.get("busy") or []:
                 if jid in self._waiting:
                     self._waiting[jid].state = "busy"
-                    self._waiting[jid].retry_at = time.monotonic() + self.settings.busy_retry_s
+                    self._busy[jid] = time.monotonic() + self.settings.busy_retry_s
             for error in fields.get("errors") or []:
                 waiting = self._waiting.pop(error.get("id"), None)
                 if waiting is not None:
@@ -319,34 +332,41 @@ class BridgeClient:
         if epoch and self._epoch and epoch != self._epoch:
             log.info("broker restarted (epoch %s -> %s): resubmitting %d jobs", self._epoch[:8], epoch[:8],
                      len(self._waiting))
-            for waiting in self._waiting.values():
-                waiting.state = "unsent"
+            self._resubmit_all()
         if epoch:
             self._epoch = epoch
 
+    def _resubmit_all(self) -> None:
+        self._unsent = []
+        for waiting in self._waiting.values():
+            waiting.state = "unsent"
+            self._unsent.append(waiting)
+
     def _housekeeping(self, now: float) -> None:
-        for jid in list(self._waiting):
-            waiting = self._waiting[jid]
-            live = []
-            for future, deadline in waiting.futures:
-                if future.done():
-                    continue  # cancelled by the caller
-                if deadline is not None and now > deadline:
-                    _resolve(future, protocol.infra_error(
-                        f"no result from the bridge at {self.endpoint} within the timeout", job_id=jid))
-                else:
-                    live.append((future, deadline))
-            waiting.futures = live
-            if not live:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, jid, future = heapq.heappop(self._deadlines)
+            waiting = self._waiting.get(jid)
+            if waiting is None or future.done():
+                continue
+            _resolve(future, protocol.infra_error(
+                f"no result from the bridge at {self.endpoint} within the timeout", job_id=jid))
+            waiting.futures = [(f, d) for f, d in waiting.futures if f is not future]
+            if not waiting.futures:
                 del self._waiting[jid]
-            elif waiting.state == "busy" and now >= waiting.retry_at:
+                self._busy.pop(jid, None)
+        for jid, retry_at in list(self._busy.items()):
+            waiting = self._waiting.get(jid)
+            if waiting is None or waiting.state != "busy":
+                del self._busy[jid]
+            elif now >= retry_at:
                 waiting.state = "unsent"
+                self._unsent.append(waiting)
+                del self._busy[jid]
         if self._waiting or self._status_waiters:
             if now - self._last_heard > self.settings.silence_limit_s and self._waiting:
                 log.warning("broker at %s silent for %.1f s: resubmitting %d jobs", self.endpoint,
                             now - self._last_heard, len(self._waiting))
-                for waiting in self._waiting.values():
-                    waiting.state = "unsent"
+                self._resubmit_all()
                 self._last_heard = now
             if now - self._last_ping >= self.settings.heartbeat_s:
                 self._send(Kind.PING)

@@ -2,7 +2,8 @@
 
 Titanic pattern (ZeroMQ guide): a job is written here before the client is told it was accepted,
 and a result stays here until the client acknowledges it, so a broker restart loses neither.
-Writes of one broker loop iteration share one transaction (``commit`` once per iteration);
+Writes of one broker loop iteration are buffered and written by one ``commit`` (executemany in a
+single transaction);
 ``synchronous=NORMAL`` in WAL mode survives a process crash (a power cut may lose the last
 transactions, which the clients then resubmit: job ids are content-derived, so that is safe).
 
@@ -68,36 +69,51 @@ class Journal:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._db.commit()
+        self._accepts: list = []
+        self._waiters: list = []
+        self._failures: list = []
+        self._finishes: dict = {}
+        self._delivered: list = []
 
-    # -- writes (inside the current transaction; call commit() once per loop iteration) --
+    # -- writes: buffered, then written together by commit() (once per broker loop iteration) --
     def accept(self, job_id: str, service: str, body: bytes, time_limit: float | None, client: bytes) -> None:
-        self._db.execute(
-            "INSERT OR IGNORE INTO jobs(id, service, body, time_limit, accepted_at) VALUES (?,?,?,?,?)",
-            (job_id, service, body, time_limit, time.time()),
-        )
+        self._accepts.append((job_id, service, body, time_limit, time.time()))
         self.add_waiter(job_id, client)
 
     def add_waiter(self, job_id: str, client: bytes) -> None:
-        self._db.execute("INSERT OR IGNORE INTO deliveries(job_id, client) VALUES (?,?)", (job_id, client))
+        self._waiters.append((job_id, client))
 
     def record_failure(self, job_id: str, attempts: int, failures: list) -> None:
-        self._db.execute(
-            "UPDATE jobs SET attempts=?, failures=? WHERE id=?",
-            (attempts, msgpack.packb(failures, use_bin_type=True), job_id),
-        )
+        self._failures.append((attempts, msgpack.packb(failures, use_bin_type=True), job_id))
 
     def finish(self, job_id: str, result: bytes) -> None:
-        self._db.execute(
-            "UPDATE jobs SET result=?, body=NULL, finished_at=? WHERE id=?", (result, time.time(), job_id)
-        )
+        self._finishes[job_id] = result
 
     def delivered(self, pairs: list) -> None:
         """Forget deliveries the clients acknowledged: pairs of (job_id, client)."""
-        self._db.executemany("DELETE FROM deliveries WHERE job_id=? AND client=?", pairs)
+        self._delivered.extend(pairs)
 
     def commit(self) -> None:
-        if self._db.in_transaction:
-            self._db.commit()
+        """Write everything buffered since the last commit in one transaction."""
+        if not (self._accepts or self._waiters or self._failures or self._finishes or self._delivered):
+            return
+        db = self._db
+        if self._accepts:
+            db.executemany("INSERT OR IGNORE INTO jobs(id, service, body, time_limit, accepted_at) VALUES (?,?,?,?,?)",
+                           self._accepts)
+        if self._waiters:
+            db.executemany("INSERT OR IGNORE INTO deliveries(job_id, client) VALUES (?,?)", self._waiters)
+        if self._failures:
+            db.executemany("UPDATE jobs SET attempts=?, failures=? WHERE id=?", self._failures)
+        if self._finishes:
+            now = time.time()
+            db.executemany("UPDATE jobs SET result=?, body=NULL, finished_at=? WHERE id=?",
+                           [(result, now, jid) for jid, result in self._finishes.items()])
+        if self._delivered:
+            db.executemany("DELETE FROM deliveries WHERE job_id=? AND client=?", self._delivered)
+        db.commit()
+        self._accepts, self._waiters, self._failures, self._delivered = [], [], [], []
+        self._finishes = {}
 
     def prune(self, ttl_s: float) -> int:
         """Drop finished jobs older than ttl_s that nobody is still owed. Returns rows dropped."""
@@ -111,8 +127,18 @@ class Journal:
 
     # -- reads --
     def result_of(self, job_id: str) -> bytes | None:
-        row = self._db.execute("SELECT result FROM jobs WHERE id=?", (job_id,)).fetchone()
-        return None if row is None else row[0]
+        return self.results_of([job_id]).get(job_id)
+
+    def results_of(self, job_ids: list) -> dict:
+        """{job id: result} for those of ``job_ids`` that are finished (including uncommitted ones)."""
+        found = {jid: self._finishes[jid] for jid in job_ids if jid in self._finishes}
+        rest = [jid for jid in job_ids if jid not in found]
+        for start in range(0, len(rest), 500):
+            chunk = rest[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            found.update(self._db.execute(
+                f"SELECT id, result FROM jobs WHERE result IS NOT NULL AND id IN ({marks})", chunk))
+        return found
 
     def pending_jobs(self) -> list[PendingJob]:
         """Jobs accepted but not finished, oldest first, with the clients waiting for them."""

@@ -1,10 +1,10 @@
 """The bridge's wire format: a versioned msgpack envelope plus opaque payload frames.
 
 A message is a list of ZeroMQ frames ``[header, payload_0, payload_1, ...]`` (a ROUTER sees the
-peer's identity in front). The header is a small msgpack map ``{"v": PROTOCOL_VERSION,
-"kind": str, ...fields}``; jobs and results travel as their own frames (msgpack bodies the
-broker never decodes), so a large workspace or a built extension is not copied into the header
-and the broker only hashes, stores and forwards bytes. Nothing is ever pickled: a peer can only
+peer's identity in front). The header is a msgpack map ``{"v": PROTOCOL_VERSION, "kind": str,
+...fields}``. Jobs and results are msgpack bodies the broker never decodes (it only hashes,
+stores and forwards bytes); a small body rides inline in its item (``"body"``), a large one
+(workspace files, a built extension) travels as its own frame (``"frame": index``). Nothing is ever pickled: a peer can only
 make us build plain maps, lists, strings, numbers and bytes.
 
 A job's id is derived from its content (service, canonical job body, optional salt), so the same
@@ -20,31 +20,32 @@ import msgpack
 
 PROTOCOL_VERSION = 1
 JOB_ID_DOMAIN = b"cuda-agent-job/1\0"
-MAX_HEADER_BYTES = 1024 * 1024
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+INLINE_PAYLOAD_BYTES = 8 * 1024  # bodies up to this size ride inside the header
 
 
 class Kind:
     """Message kinds. Client<->broker, worker<->broker, and answers."""
 
     # client -> broker
-    SUBMIT = "submit"  # fields: items=[{id, service, frame, time_limit}]; one payload per item
+    SUBMIT = "submit"  # fields: items=[{id, service, body|frame, salt?, time_limit?}]
     ACK = "ack"  # fields: ids (results the client has; the broker may forget its delivery)
     PING = "ping"
     STATUS = "status"
     # broker -> client
     ACCEPTED = "accepted"  # fields: ids, busy (ids refused because the queue is full), epoch
-    RESULTS = "results"  # fields: items=[{id, frame}]; one payload per item
+    RESULTS = "results"  # fields: items=[{id, body|frame}]
     PONG = "pong"  # fields: epoch
     STATUS_REPLY = "status_reply"
     ERROR = "error"  # fields: error (one line), ids (affected jobs, may be empty)
     # worker -> broker
     READY = "ready"  # fields: services, capabilities, capacity, inflight
     HEARTBEAT = "heartbeat"
-    DONE = "done"  # fields: items=[{id, frame}]
+    DONE = "done"  # fields: items=[{id, body|frame}]
     FAILED = "failed"  # fields: items=[{id, reason}] (the attempt failed; the broker decides)
     BYE = "bye"  # the worker drains and leaves
     # broker -> worker
-    JOBS = "jobs"  # fields: items=[{id, service, frame, attempt, time_limit}]
+    JOBS = "jobs"  # fields: items=[{id, service, body|frame, attempt, time_limit}]
     REREGISTER = "reregister"  # the broker does not know this worker (it restarted)
 
 
@@ -138,8 +139,28 @@ def decode(frames: list, max_message_bytes: int) -> Message:
     return Message(kind=kind, fields=header, payloads=list(frames[1:]))
 
 
-def payload_of(message: Message, index) -> bytes:
-    """The payload frame an item refers to, or ProtocolError."""
+def attach(item: dict, body: bytes, payloads: list) -> dict:
+    """Carry ``body`` for ``item``: inline when small, as its own frame when large.
+
+    Small bodies ride in the header (one frame for a whole batch of no-op jobs); a body over
+    INLINE_PAYLOAD_BYTES (workspace sources, a built extension) gets a frame of its own.
+    """
+    if len(body) <= INLINE_PAYLOAD_BYTES:
+        item["body"] = body
+    else:
+        item["frame"] = len(payloads)
+        payloads.append(body)
+    return item
+
+
+def payload_of(message: Message, item: dict) -> bytes:
+    """The body an item carries inline or refers to by frame index, or ProtocolError."""
+    if "body" in item:
+        body = item["body"]
+        if not isinstance(body, bytes):
+            raise ProtocolError("item body must be bytes")
+        return body
+    index = item.get("frame")
     if not isinstance(index, int) or not 0 <= index < len(message.payloads):
         raise ProtocolError(f"item refers to missing payload frame {index!r}")
     frame = message.payloads[index]

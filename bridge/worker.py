@@ -144,8 +144,8 @@ class WorkerSupervisor:
             log.warning("unreadable message from broker: %s", exc)
             return
         if message.kind == Kind.JOBS:
-            for item in protocol.items_of(message, ("id", "frame")):
-                self.waiting.append((item["id"], protocol.payload_of(message, item["frame"]), item.get("time_limit")))
+            for item in protocol.items_of(message, ("id",)):
+                self.waiting.append((item["id"], protocol.payload_of(message, item), item.get("time_limit")))
         elif message.kind == Kind.REREGISTER:
             if self.child is not None and self.child.ready:
                 self._register()
@@ -221,8 +221,9 @@ class WorkerSupervisor:
 
     def _report(self) -> None:
         if self.done:
-            items = [{"id": jid, "frame": i} for i, (jid, _) in enumerate(self.done)]
-            self._send(Kind.DONE, {"items": items}, [body for _, body in self.done])
+            payloads = []
+            items = [protocol.attach({"id": jid}, body, payloads) for jid, body in self.done]
+            self._send(Kind.DONE, {"items": items}, payloads)
             self.done = []
         if self.failed:
             self._send(Kind.FAILED, {"items": [{"id": jid, "reason": r} for jid, r in self.failed]})

@@ -46,11 +46,14 @@ def test_body_with_unencodable_value_is_a_protocol_error():
         protocol.pack_body({"x": object()})
 
 
-def test_envelope_round_trip_with_payload_frames():
-    frames = protocol.encode(Kind.SUBMIT, {"items": [{"id": "a", "service": "s", "frame": 0}]}, [b"payload"])
+def test_small_bodies_ride_inline_and_large_ones_get_their_own_frame():
+    small, large = b"s" * 10, b"L" * (protocol.INLINE_PAYLOAD_BYTES + 1)
+    payloads = []
+    items = [protocol.attach({"id": "a"}, small, payloads), protocol.attach({"id": "b"}, large, payloads)]
+    frames = protocol.encode(Kind.RESULTS, {"items": items}, payloads)
+    assert len(frames) == 2 and frames[1] == large  # header + one frame for the large body
     message = protocol.decode(frames, 1 << 20)
-    assert message.kind == Kind.SUBMIT
-    assert protocol.payload_of(message, message.fields["items"][0]["frame"]) == b"payload"
+    assert [protocol.payload_of(message, item) for item in message.fields["items"]] == [small, large]
 
 
 @pytest.mark.parametrize(
@@ -73,13 +76,18 @@ def test_decode_refuses_bad_messages_with_one_line(frames, fragment):
 
 
 def test_items_and_payload_references_are_checked():
-    message = protocol.decode(protocol.encode(Kind.DONE, {"items": [{"id": "a", "frame": 3}]}, [b"r"]), 1 << 20)
-    items = protocol.items_of(message, ("id", "frame"))
+    message = protocol.decode(protocol.encode(Kind.DONE, {"items": [{"id": "a", "frame": 3}, {"id": "b"},
+                                                                    {"id": "c", "body": "text"}]}, [b"r"]), 1 << 20)
+    items = protocol.items_of(message, ("id",))
     with pytest.raises(ProtocolError, match="missing payload frame 3"):
-        protocol.payload_of(message, items[0]["frame"])
+        protocol.payload_of(message, items[0])
+    with pytest.raises(ProtocolError, match="missing payload frame None"):
+        protocol.payload_of(message, items[1])
+    with pytest.raises(ProtocolError, match="body must be bytes"):
+        protocol.payload_of(message, items[2])
     bad = protocol.decode(protocol.encode(Kind.DONE, {"items": [{"frame": 0}]}, [b"r"]), 1 << 20)
-    with pytest.raises(ProtocolError, match="id, frame"):
-        protocol.items_of(bad, ("id", "frame"))
+    with pytest.raises(ProtocolError, match="map with id"):
+        protocol.items_of(bad, ("id",))
 
 
 def test_journal_keeps_unfinished_jobs_and_owed_results_across_reopen(tmp_path):
@@ -100,9 +108,11 @@ def test_journal_keeps_unfinished_jobs_and_owed_results_across_reopen(tmp_path):
     ]
     assert reopened.undelivered_results() == [(b"client-a", "j1", b"result1")]
     assert reopened.result_of("j1") == b"result1" and reopened.result_of("j2") is None
+    reopened.finish("j2", b"result2")
+    assert reopened.results_of(["j1", "j2", "nope"]) == {"j1": b"result1", "j2": b"result2"}  # before commit too
     reopened.delivered([("j1", b"client-a")])
     reopened.commit()
-    assert reopened.undelivered_results() == []
+    assert sorted(reopened.undelivered_results()) == [(b"client-a", "j2", b"result2"), (b"client-b", "j2", b"result2")]
     # Independent look at the file: WAL mode, the finished job's body dropped.
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -1,0 +1,28 @@
+"""Handlers that do no evaluation, to check and measure a bridge deployment.
+
+    cuda-agent worker --service noop --handler bridge.diagnostic_handlers:noop
+
+``noop`` answers at once (the bridge's own cost); ``sleep`` waits ``job["seconds"]`` and, when
+``job["start_file"]`` is given, first appends "<tag> <pid> <time>" to it (to time a requeue).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def capabilities() -> dict:
+    return {"gpu": None, "handler_kind": "diagnostic"}
+
+
+def noop(job: dict) -> dict:
+    return {"status": "correct", "echo": job.get("value")}
+
+
+def sleep(job: dict) -> dict:
+    if job.get("start_file"):
+        with open(job["start_file"], "a") as f:
+            f.write(f"{job.get('tag')} {os.getpid()} {time.time()}\n")
+    time.sleep(float(job.get("seconds", 0.0)))
+    return {"status": "correct", "pid": os.getpid()}
