@@ -179,5 +179,8 @@ def items_of(message: Message, required: tuple) -> list:
 
 
 def infra_error(error: str, **extra) -> dict:
-    """A bridge-level failure result; never a verdict on the kernel (reward must not be -1)."""
-    return {"status": "infra_error", "error": error, **extra}
+    """A bridge-level failure result; never a verdict on the kernel (its reward is None, not -1).
+
+    ``message`` repeats ``error`` so callers can read it like an evaluator record's message.
+    """
+    return {"status": "infra_error", "error": error, "message": error, "reward": None, **extra}
