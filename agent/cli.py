@@ -1,9 +1,229 @@
-"""Subcommands of this package for the `cuda-agent` command (imports stay light here)."""
+"""`cuda-agent solve` and `cuda-agent rollout` (imports stay light: everything heavy is inside the commands)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import List, Optional
+
 import typer
+
+POLICIES = ("scripted", "cheat", "openai", "jax")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
 
 
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the root app."""
+    app.command("solve")(solve)
+    app.command("rollout")(rollout)
+
+
+def _task_files(specs: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for spec in specs:
+        path = Path(spec)
+        if path.is_dir():
+            files += sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            _fail(f"task not found: {spec}")
+    if not files:
+        _fail("no task files given")
+    return files
+
+
+def _solution_dir(solutions: Path | None, backend: str, stem: str) -> Path | None:
+    """DIR/<backend>/<stem> or DIR/<stem> (the bench's layout); default examples/solutions."""
+    root = solutions or Path(__file__).resolve().parent.parent / "examples" / "solutions"
+    for candidate in (root / backend / stem, root / stem):
+        if (candidate / "model_new.py").is_file():
+            return candidate
+    return None
+
+
+def load_chat_tokenizer(spec: str | None):
+    """None: the built-in demo tokenizer; a directory: a Hugging Face model's tokenizer; a file: tokenizer.json."""
+    from agent.chat import TokenizerAdapter
+
+    if spec is None:
+        from agent.demo_tokenizer import demo_tokenizer
+
+        return TokenizerAdapter(demo_tokenizer())
+    path = Path(spec)
+    if path.is_dir():
+        from policy_jax.tokenizer import load_tokenizer
+
+        return TokenizerAdapter(load_tokenizer(path))
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        return TokenizerAdapter(Tokenizer.from_file(str(path)))
+    _fail(f"tokenizer not found: {spec}")
+
+
+def _make_policy_factory(policy: str, tokenizer, backend: str, solutions: Path | None, base_url: str | None, model: str | None, model_dir: str | None):
+    from agent.policy import OpenAIChatPolicy, ScriptedPolicy
+    from agent.scripted import cheating_turns, honest_solver_turns, read_solution_dir
+
+    if policy == "scripted":
+        def scripted(task, index):
+            directory = _solution_dir(solutions, backend, task.name)
+            if directory is None:
+                _fail(f"no scripted solution for task {task.name} (looked in {solutions or 'examples/solutions'}/{backend}/{task.name})")
+            return ScriptedPolicy(honest_solver_turns(read_solution_dir(directory)), tokenizer)
+
+        return scripted
+    if policy == "cheat":
+        return lambda task, index: ScriptedPolicy(cheating_turns(task.source), tokenizer)
+    if policy == "openai":
+        if not base_url or not model:
+            _fail("--policy openai needs --base-url and --model")
+        return lambda task, index: OpenAIChatPolicy(base_url, model, tokenizer)
+    if policy == "jax":
+        if not model_dir:
+            _fail("--policy jax needs --model-dir (a Hugging Face model directory)")
+        from agent.policy_jax_backend import jax_sampler_policy
+
+        shared = jax_sampler_policy(model_dir, tokenizer)
+        return lambda task, index: shared
+    _fail(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
+
+
+def _config(config_name: str, backend: Optional[str], max_turns: Optional[int]):
+    from agent.config import load_agent_config
+
+    try:
+        config = load_agent_config(config_name)
+    except (FileNotFoundError, ValueError) as error:
+        _fail(str(error))
+    return config.with_overrides(backend=backend, max_turns=max_turns)
+
+
+async def _with_evaluator(bridge: Optional[str], backend: str, log_dir: Path, run):
+    """Run `run(gateway)` against the given bridge, or a local broker + workers started here."""
+    import contextlib
+
+    from bridge.client import BridgeClient
+
+    from agent.fleet import FleetError, local_fleet
+
+    with contextlib.ExitStack() as stack:
+        endpoint = bridge
+        if endpoint is None:
+            typer.echo(f"starting a local broker and {backend}-backend evaluator workers ...", err=True)
+            try:
+                endpoint = stack.enter_context(local_fleet(backend=backend, log_dir=log_dir))
+            except FleetError as error:
+                _fail(str(error))
+        client = stack.enter_context(BridgeClient(endpoint))
+        return await run(client)
+
+
+def solve(
+    task: str = typer.Argument(..., help="Task file (Model, get_inputs, get_init_inputs)."),
+    policy: str = typer.Option("scripted", help="scripted | cheat | openai | jax"),
+    solutions: Optional[Path] = typer.Option(None, help="Solutions for the scripted policy (DIR/<backend>/<stem>)."),
+    out: Optional[Path] = typer.Option(None, help="Episode directory (workspace/, transcript.md, result.json, solution/)."),
+    config: str = typer.Option("agent_tiny", help="Agent config name under configs/ or a YAML path."),
+    backend: Optional[str] = typer.Option(None, help="Evaluator backend: host or cuda (default: from the config)."),
+    bridge: Optional[str] = typer.Option(None, help="Broker endpoint; default: start a local broker and workers."),
+    tokenizer: Optional[str] = typer.Option(None, help="Model directory or tokenizer.json (default: built-in demo tokenizer)."),
+    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint, e.g. http://host:8000/v1"),
+    model: Optional[str] = typer.Option(None, help="Model name at the endpoint."),
+    model_dir: Optional[str] = typer.Option(None, help="Hugging Face model directory for --policy jax."),
+    max_turns: Optional[int] = typer.Option(None, help="Override the config's turn limit."),
+) -> None:
+    """Run one episode; leave the workspace and a readable transcript."""
+    import asyncio
+    import time
+
+    from agent.episode import load_task, run_episode
+    from agent.transcript import write_episode_outputs
+
+    cfg = _config(config, backend, max_turns)
+    try:
+        the_task = load_task(task)
+    except FileNotFoundError as error:
+        _fail(str(error))
+    chat_tokenizer = load_chat_tokenizer(tokenizer)
+    make_policy = _make_policy_factory(policy, chat_tokenizer, cfg.backend, solutions, base_url, model, model_dir)
+    episode_dir = (out or Path(cfg.episodes_root) / f"{the_task.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if (episode_dir / "workspace").exists():
+        _fail(f"{episode_dir}/workspace already exists; choose another --out")
+    episode_dir.mkdir(parents=True, exist_ok=True)
+    the_policy = make_policy(the_task, 0)
+
+    async def run(gateway):
+        return await run_episode(the_task, the_policy, chat_tokenizer, cfg, gateway, episode_dir / "workspace")
+
+    result = asyncio.run(_with_evaluator(bridge, cfg.backend, episode_dir / "fleet-logs", run))
+    write_episode_outputs(result, episode_dir)
+    speedup = "n/a" if result.best_speedup_vs_compile is None else f"{result.best_speedup_vs_compile:.2f}x"
+    typer.echo(
+        f"{the_task.name}: reward {result.reward} ({result.final_status}), speed-up vs compile {speedup}, "
+        f"{result.turns} turns ({result.end_reason}), {result.schema_violations} schema violations, {result.wall_seconds:.1f} s"
+    )
+    typer.echo(f"transcript: {episode_dir / 'transcript.md'}\nworkspace: {result.workspace}")
+    if result.error:
+        _fail(f"episode stopped early: {result.error}")
+
+
+def rollout(
+    tasks: List[str] = typer.Argument(..., help="Task files or directories of tasks."),
+    out: Path = typer.Option(Path("trajectories.parquet"), help="Trajectory parquet file to write."),
+    policy: str = typer.Option("scripted", help="scripted | cheat | openai | jax"),
+    solutions: Optional[Path] = typer.Option(None, help="Solutions for the scripted policy."),
+    episodes_per_task: int = typer.Option(1, help="Episodes per task."),
+    concurrency: int = typer.Option(4, help="Episodes run at the same time."),
+    episodes_dir: Optional[Path] = typer.Option(None, help="Where the workspaces go (default: from the config)."),
+    config: str = typer.Option("agent", help="Agent config name under configs/ or a YAML path."),
+    backend: Optional[str] = typer.Option(None, help="Evaluator backend: host or cuda."),
+    bridge: Optional[str] = typer.Option(None, help="Broker endpoint; default: start a local broker and workers."),
+    tokenizer: Optional[str] = typer.Option(None, help="Model directory or tokenizer.json."),
+    base_url: Optional[str] = typer.Option(None),
+    model: Optional[str] = typer.Option(None),
+    model_dir: Optional[str] = typer.Option(None),
+    max_turns: Optional[int] = typer.Option(None),
+) -> None:
+    """Run many episodes concurrently and write their trajectories (with a progress bar)."""
+    import asyncio
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agent.episode import load_task, run_episodes
+    from agent.trajectory import write_trajectories
+
+    cfg = _config(config, backend, max_turns)
+    task_list = [load_task(p) for p in _task_files(tasks)] * max(1, episodes_per_task)
+    chat_tokenizer = load_chat_tokenizer(tokenizer)
+    make_policy = _make_policy_factory(policy, chat_tokenizer, cfg.backend, solutions, base_url, model, model_dir)
+    root = (episodes_dir or Path(cfg.episodes_root) / f"rollout-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if root.exists() and any(root.iterdir()):
+        _fail(f"episodes directory {root} is not empty")
+    root.mkdir(parents=True, exist_ok=True)
+    policies = [make_policy(t, i) for i, t in enumerate(task_list)]  # fail fast on a missing solution
+    rewards: list[float] = []
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
+        bar = progress.add_task("episodes", total=len(task_list))
+
+        def done(result) -> None:
+            if result.reward is not None:
+                rewards.append(result.reward)
+            mean = sum(rewards) / len(rewards) if rewards else float("nan")
+            progress.update(bar, advance=1, description=f"episodes (mean reward {mean:+.2f})")
+
+        async def run(gateway):
+            return await run_episodes(task_list, lambda t, i: policies[i], chat_tokenizer, cfg, gateway, root, concurrency, on_done=done)
+
+        results = asyncio.run(_with_evaluator(bridge, cfg.backend, root / "fleet-logs", run))
+    write_trajectories(results, out)
+    statuses: dict[str, int] = {}
+    for r in results:
+        statuses[r.final_status] = statuses.get(r.final_status, 0) + 1
+    typer.echo(f"wrote {len(results)} trajectories to {out}; statuses {statuses}; episodes in {root}")

@@ -240,6 +240,11 @@ async def run_episode(
         tool_seconds=toolbox.stats.seconds,
         evaluator_seconds=context.evaluator_seconds,
         error=error,
+        timings={
+            "evaluator_agent_side_s": context.evaluator_seconds,
+            "evaluator_worker_side_s": context.evaluator_worker_seconds,
+            "bridge_overhead_s": max(0.0, context.evaluator_seconds - context.evaluator_worker_seconds),
+        },
     )
 
 

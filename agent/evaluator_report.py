@@ -10,7 +10,8 @@ import hashlib
 from typing import Any
 
 CORRECT = "correct"
-INFRA_ERROR = "infra_error"
+# Statuses that say nothing about the candidate: no reward, never -1.
+UNSCORED = ("infra_error", "task_error")
 
 
 def files_digest(files: dict[str, bytes]) -> str:
@@ -38,18 +39,19 @@ def is_correct(record: dict) -> bool:
 
 
 def is_infra_error(record: dict) -> bool:
-    return record.get("status") == INFRA_ERROR
+    """An infrastructure or task failure (the harness, not the candidate, failed)."""
+    return record.get("status") in UNSCORED
 
 
 def _number(value: Any) -> float | None:
     if isinstance(value, dict):
-        value = value.get("median", value.get("value"))
+        value = value.get("median_us", value.get("median"))
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def speedup_vs(record: dict, baseline: str) -> float | None:
     """Speed-up of the candidate over a baseline ('eager' or 'compile'), None if not timed."""
-    speedups = record.get("speedups")
+    speedups = record.get("speedup")
     if isinstance(speedups, dict) and _number(speedups.get(baseline)) is not None:
         return _number(speedups.get(baseline))
     direct = _number(record.get(f"speedup_vs_{baseline}"))
@@ -63,7 +65,7 @@ def speedup_vs(record: dict, baseline: str) -> float | None:
 
 def time_us(record: dict, which: str) -> float | None:
     """Median time in µs of 'candidate', 'eager' or 'compile', None if not timed."""
-    times = record.get("times_us") or record.get("times") or {}
+    times = record.get("times_us") or {}
     if isinstance(times, dict):
         return _number(times.get(which))
     return None
@@ -78,7 +80,7 @@ def record_reward(record: dict) -> float | None:
 
 
 def _diagnostics_text(record: dict, limit: int = 40) -> list[str]:
-    lines = []
+    lines = [f"  {record['message']}"] if record.get("message") and not record.get("diagnostics") else []
     for item in (record.get("diagnostics") or [])[:limit]:
         if isinstance(item, dict):
             where = item.get("file") or ""

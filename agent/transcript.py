@@ -52,6 +52,7 @@ def write_episode_outputs(result: EpisodeResult, directory: str | Path) -> Path:
         "policy_seconds": result.policy_seconds,
         "tool_seconds": result.tool_seconds,
         "evaluator_seconds": result.evaluator_seconds,
+        "timings": result.timings,
         "final_record": _jsonable(result.final_record),
         "error": result.error,
     }

@@ -37,7 +37,8 @@ class ToolContext:
     background: dict[str, Any] = field(default_factory=dict)
     evaluations: list[EvaluationRecord] = field(default_factory=list)
     artifacts: dict[str, bytes] = field(default_factory=dict)  # files hash -> built extension
-    evaluator_seconds: float = 0.0
+    evaluator_seconds: float = 0.0  # agent-side wall time of evaluator calls (bridge included)
+    evaluator_worker_seconds: float = 0.0  # the evaluator's own wall time, as its records report
 
 
 class ToolFailure(Exception):

@@ -37,7 +37,17 @@ async def submit_to_evaluator(context: ToolContext, service: str, job: dict) -> 
     context.evaluator_seconds += seconds
     if not isinstance(record, dict):
         record = {"status": "infra_error", "diagnostics": [{"message": "evaluator returned a malformed reply"}]}
+    context.evaluator_worker_seconds += worker_seconds(record)
     return record, seconds
+
+
+def worker_seconds(record: dict) -> float:
+    """The evaluator's own time for a job: its total wall time, or the build time of a compile."""
+    wall = record.get("wall_s")
+    if isinstance(wall, dict) and isinstance(wall.get("total"), (int, float)):
+        return float(wall["total"])
+    build = record.get("build_seconds")
+    return float(build) if isinstance(build, (int, float)) else 0.0
 
 
 def _solution(context: ToolContext) -> dict[str, bytes]:
