@@ -40,6 +40,7 @@ log = logging.getLogger("bridge.broker")
 _DRAIN = 4096  # messages handled per loop iteration before the journal commit
 _PRUNE_EVERY_S = 600.0
 _MAX_SERVICE_NAME = 64
+_CLIENT_KINDS = frozenset({Kind.SUBMIT, Kind.ACK, Kind.PING, Kind.STATUS})
 
 
 @dataclass
@@ -104,6 +105,8 @@ class Broker:
         self.queues: dict[str, deque] = {}
         self.workers: dict[bytes, WorkerState] = {}
         self.to_send: dict[bytes, dict[str, bytes]] = {}  # client -> {job id: result} not yet sent
+        self.unreachable: set = set()  # clients a send failed to; retried when they speak, or next tick
+        self.client_seen: dict[bytes, float] = {}  # client -> monotonic time of its last message
         self.outbox: list = []  # (identity, frames) to send after the journal commit
         self.completions: deque = deque()  # monotonic times of recent completions (throughput)
         self.counters = {"accepted": 0, "completed": 0, "duplicates": 0, "busy": 0, "errors": 0, "requeued": 0}
@@ -131,6 +134,7 @@ class Broker:
             self.queues.setdefault(pending.service, deque()).append(pending.id)
         for client, jid, result in self.journal.undelivered_results():
             self.to_send.setdefault(client, {})[jid] = result
+            self.client_seen[client] = time.monotonic()
         if self.jobs or self.to_send:
             log.info("restored %d unfinished jobs and %d owed results", len(self.jobs),
                      sum(len(v) for v in self.to_send.values()))
@@ -161,7 +165,7 @@ class Broker:
                     self._on_tick(now)
                     next_tick = now + tick
                 if now >= next_prune:
-                    self.journal.prune(self.settings.result_ttl_s)
+                    self._forget_stale_clients(now)
                     next_prune = now + _PRUNE_EVERY_S
         finally:
             self.close()
@@ -197,7 +201,8 @@ class Broker:
         for identity, frames in outbox:
             self._send_now(identity, frames)
         for client in list(self.to_send):
-            self._send_results(client)
+            if client not in self.unreachable:
+                self._send_results(client)
 
     def _send_results(self, client: bytes) -> None:
         """Send owed results to a client in as few messages as the size limit allows."""
@@ -207,17 +212,24 @@ class Broker:
         limit = self.settings.max_message_bytes // 2
         batch, payloads, size = [], [], 0
         sent = []
+        reachable = True
         for jid, result in owed.items():
             if batch and size + len(result) > limit:
                 if not self._send_now(client, protocol.encode(Kind.RESULTS, {"items": batch}, payloads)):
+                    reachable = False
                     break
                 sent += [item["id"] for item in batch]
                 batch, payloads, size = [], [], 0
             batch.append(protocol.attach({"id": jid}, result, payloads))
             size += len(result)
         else:
-            if batch and self._send_now(client, protocol.encode(Kind.RESULTS, {"items": batch}, payloads)):
-                sent += [item["id"] for item in batch]
+            if batch:
+                if self._send_now(client, protocol.encode(Kind.RESULTS, {"items": batch}, payloads)):
+                    sent += [item["id"] for item in batch]
+                else:
+                    reachable = False
+        if not reachable:
+            self.unreachable.add(client)
         for jid in sent:
             del owed[jid]
         if not owed:
@@ -230,6 +242,9 @@ class Broker:
         identity = frames[0]
         try:
             message = protocol.decode(frames[1:], self.settings.max_message_bytes)
+            if message.kind in _CLIENT_KINDS:
+                self.client_seen[identity] = time.monotonic()
+                self.unreachable.discard(identity)
             handler = self._handlers.get(message.kind)
             if handler is None:
                 raise ProtocolError(f"unknown message kind {message.kind!r}")
@@ -465,9 +480,20 @@ class Broker:
                         self._attempt_failed(job, f"worker {wid.decode(errors='replace')} went silent for {limit:.1f} s")
             else:
                 self._send_now(wid, protocol.encode(Kind.HEARTBEAT))
+        self.unreachable.clear()  # retry owed results once per tick
         horizon = now - 60.0
         while self.completions and self.completions[0] < horizon:
             self.completions.popleft()
+
+    def _forget_stale_clients(self, now: float) -> None:
+        """Drop results owed to clients silent for longer than the result TTL (memory and journal)."""
+        ttl = self.settings.result_ttl_s
+        for client, seen in list(self.client_seen.items()):
+            if now - seen > ttl:
+                del self.client_seen[client]
+                self.to_send.pop(client, None)
+                self.unreachable.discard(client)
+        self.journal.prune(ttl)
 
     def status(self) -> dict:
         """A snapshot for ``cuda-agent bridge-status`` (msgpack-able)."""

@@ -116,10 +116,17 @@ class Journal:
         self._finishes = {}
 
     def prune(self, ttl_s: float) -> int:
-        """Drop finished jobs older than ttl_s that nobody is still owed. Returns rows dropped."""
+        """Drop finished jobs older than ttl_s; deliveries of them still owed are given up too.
+
+        Returns the number of jobs dropped.
+        """
+        self.commit()
+        self._db.execute(
+            "DELETE FROM deliveries WHERE job_id IN (SELECT id FROM jobs WHERE result IS NOT NULL AND finished_at < ?)",
+            (time.time() - ttl_s,),
+        )
         cursor = self._db.execute(
-            "DELETE FROM jobs WHERE result IS NOT NULL AND finished_at < ? "
-            "AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = jobs.id)",
+            "DELETE FROM jobs WHERE result IS NOT NULL AND finished_at < ?",
             (time.time() - ttl_s,),
         )
         self._db.commit()

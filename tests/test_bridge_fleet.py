@@ -162,8 +162,9 @@ def test_per_job_timeout_gives_infra_error_and_ipc_transport_works(fleet):
         timed_out = client.run_batch("no-such-service", [{"x": 1}], timeout=0.3)[0]
         elapsed = time.monotonic() - start
         ok = client.run_batch("square", [{"x": 12}], timeout=10)[0]
-    assert timed_out["status"] == "infra_error" and 0.3 <= elapsed < 2.0
-    assert ok["value"] == 144
+    assert timed_out["status"] == "infra_error", timed_out
+    assert 0.3 <= elapsed < 5.0, elapsed  # the deadline is checked every 20 ms; slack for a loaded machine
+    assert ok.get("value") == 144, ok
 
 
 def test_status_lists_workers_queues_and_throughput(fleet):

@@ -119,13 +119,17 @@ def test_journal_keeps_unfinished_jobs_and_owed_results_across_reopen(tmp_path):
     assert raw.execute("SELECT body FROM jobs WHERE id='j1'").fetchone()[0] is None
 
 
-def test_journal_prune_keeps_results_still_owed(tmp_path):
+def test_journal_prune_drops_only_results_older_than_the_ttl(tmp_path):
     journal = Journal(tmp_path / "j.db")
     journal.accept("owed", "s", b"b", None, b"c")
     journal.accept("acked", "s", b"b", None, b"c")
+    journal.accept("running", "s", b"b", None, b"c")
     journal.finish("owed", b"r")
     journal.finish("acked", b"r")
     journal.delivered([("acked", b"c")])
     journal.commit()
-    assert journal.prune(ttl_s=-1.0) == 1
-    assert journal.result_of("owed") == b"r" and journal.result_of("acked") is None
+    assert journal.prune(ttl_s=3600.0) == 0 and journal.result_of("owed") == b"r"
+    assert journal.prune(ttl_s=-1.0) == 2
+    assert journal.result_of("owed") is None and journal.result_of("acked") is None
+    assert journal.undelivered_results() == []
+    assert [p.id for p in journal.pending_jobs()] == ["running"]  # unfinished jobs are never pruned
