@@ -26,7 +26,6 @@ class Attention(nnx.Module):
         d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         dt, std = cfg.param_jnp_dtype, cfg.initializer_range
         self.compute_dtype = cfg.compute_jnp_dtype
-        self.implementation = cfg.attention_impl
         self.inv_freq_h2 = tuple(rope_inverse_frequencies(cfg).tolist())  # static constant, not a parameter
         self.q_dnh = param(rngs, (d, n, h), ("embed", "q_heads", "head_dim"), dt, stddev=std)
         self.k_dkh = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), dt, stddev=std)
@@ -69,7 +68,7 @@ class Attention(nnx.Module):
             out_btnh = jax.nn.dot_product_attention(
                 q_btnh, keys_bskh.astype(q_btnh.dtype), values_bskh.astype(q_btnh.dtype),
                 mask=mask_b1ts, implementation="xla")
-        elif self.implementation == "cudnn":
+        elif mask_b1ts is None:  # the backbone chose the fused cuDNN kernel (right-padded rows)
             out_btnh = jax.nn.dot_product_attention(
                 q_btnh, k_btkh, v_btkh, is_causal=True, query_seq_lengths=seq_lengths_b,
                 key_value_seq_lengths=seq_lengths_b, implementation="cudnn")

@@ -63,7 +63,8 @@ class Backbone(nnx.Module):
             positions_bt = default_positions(tokens_bt)
         if segment_ids_bt is None:
             segment_ids_bt = jnp.ones_like(tokens_bt, dtype=jnp.int32)
-        if self.config.attention_impl == "cudnn":
+        fused = self.config.attention_impl == "cudnn" and self.config.compute_dtype in ("bfloat16", "float16")
+        if fused:  # cuDNN flash attention takes bf16/fp16 only; a float32 model falls back to XLA
             mask_b1ts, seq_lengths_b = None, jnp.sum(segment_ids_bt != 0, axis=1).astype(jnp.int32)
         else:
             mask_b1ts, seq_lengths_b = segment_attention_mask(segment_ids_bt), None
