@@ -119,6 +119,8 @@ def create_train_state(model: nnx.Module, optimizer: Optimizer, mesh: Mesh) -> T
     """Split a (sharded) model into a TrainState and initialise the optimiser on the same shardings.
 
     The model's parameters should already be placed (policy_jax.sharding.shard_module or init_sharded).
+    The state shares the model's arrays and steps donate them: after the first step use
+    `state.module()`, not `model`.
     """
     graphdef, params_state, rest_state = nnx.split(model, nnx.Param, ...)
     params = params_state.to_pure_dict()

@@ -165,6 +165,14 @@ def accumulated_value_and_grad(loss_fn: Callable, params: Any, batch: Any, num_m
     return total
 
 
+def _global_norm(tree: Any) -> jax.Array:
+    """sqrt of the sum of squares of every leaf (optax.tree.norm where available)."""
+    tree_ns = getattr(optax, "tree", None)
+    if tree_ns is not None and hasattr(tree_ns, "norm"):
+        return tree_ns.norm(tree)
+    return optax.global_norm(tree)
+
+
 def _apply(state: TrainState, grads: Any) -> TrainState:
     updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -173,7 +181,7 @@ def _apply(state: TrainState, grads: Any) -> TrainState:
 
 def _finish_actor_metrics(loss, sums, grads, objective: ActorObjective) -> dict[str, jax.Array]:
     n = jnp.maximum(sums.pop("tokens"), 1.0)
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "agent_tokens": n}
+    metrics = {"loss": loss, "grad_norm": _global_norm(grads), "agent_tokens": n}
     metrics.update({k: v / n for k, v in sums.items()})
     return metrics
 
@@ -185,7 +193,7 @@ def _finish_critic_metrics(loss, sums, grads) -> dict[str, jax.Array]:
     explained = jnp.where(var_returns > 0, 1.0 - var_residual / jnp.where(var_returns > 0, var_returns, 1.0), jnp.nan)
     return {
         "value_loss": loss,
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": _global_norm(grads),
         "agent_tokens": n,
         "value_mean": sums["value"] / n,
         "returns_mean": sums["returns"] / n,

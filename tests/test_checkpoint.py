@@ -1,6 +1,7 @@
 """Orbax checkpoints of a sharded TrainState: round trip, identical resumed training, clear errors."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -21,8 +22,21 @@ def mesh():
     return make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
 
 
+_INITIAL_MODELS = {}
+
+
+def _copy_of(model):
+    """A module with copies of `model`'s arrays (steps donate their state's arrays)."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+
+
 def fresh_state(mesh, seed=0, model_cfg=CFG.model):
-    model = shard_module(Critic(model_cfg, rngs=nnx.Rngs(seed)), mesh)
+    """A new state; each (seed, config) is initialised once per module (model init is slow on 2 cores)."""
+    key = (seed, model_cfg)
+    if key not in _INITIAL_MODELS:
+        _INITIAL_MODELS[key] = Critic(model_cfg, rngs=nnx.Rngs(seed))
+    model = shard_module(_copy_of(_INITIAL_MODELS[key]), mesh)
     return create_train_state(model, make_optimizer(CFG.critic_optimizer, total_steps=10), mesh)
 
 
