@@ -144,6 +144,10 @@ class Broker:
         stop = stop or threading.Event()
         poller = zmq.Poller()
         poller.register(self.socket, zmq.POLLIN)
+        # Disconnect events: a worker process that dies closes its TCP/IPC connection at once;
+        # probing the workers then finds it without waiting for its heartbeats to run out.
+        monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        poller.register(monitor, zmq.POLLIN)
         tick = self.settings.heartbeat_s
         next_tick = time.monotonic() + tick
         next_prune = time.monotonic() + _PRUNE_EVERY_S
@@ -157,6 +161,8 @@ class Broker:
                         except zmq.Again:
                             break
                         self._handle(frames)
+                    if self._drain_monitor(monitor):
+                        self._probe_workers()
                 self._dispatch()
                 self.journal.commit()  # persist before any acknowledgement leaves
                 self._flush()
@@ -168,7 +174,45 @@ class Broker:
                     self._forget_stale_clients(now)
                     next_prune = now + _PRUNE_EVERY_S
         finally:
+            self.socket.disable_monitor()
+            monitor.close(linger=0)
             self.close()
+
+    @staticmethod
+    def _drain_monitor(monitor) -> bool:
+        """Consume pending monitor events; True if any peer disconnected."""
+        seen = False
+        while True:
+            try:
+                monitor.recv_multipart(zmq.NOBLOCK)
+                seen = True
+            except zmq.Again:
+                return seen
+
+    def _probe_workers(self) -> None:
+        """After a disconnect: a worker ZeroMQ no longer routes to is gone; requeue its jobs now."""
+        for wid in list(self.workers):
+            if self._unroutable(wid):
+                self._worker_lost(wid, "disconnected")
+
+    def _unroutable(self, identity: bytes) -> bool:
+        try:
+            self.socket.send_multipart([identity, *protocol.encode(Kind.HEARTBEAT)], zmq.NOBLOCK)
+            return False
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            return exc.errno == errno.EHOSTUNREACH
+
+    def _worker_lost(self, wid: bytes, why: str) -> None:
+        worker = self.workers.pop(wid, None)
+        if worker is None:
+            return
+        log.warning("worker %s %s: requeueing %d jobs", wid, why, len(worker.inflight))
+        for jid in list(worker.inflight):
+            job = self.jobs.get(jid)
+            if job is not None and job.worker == wid:
+                self._attempt_failed(job, f"worker {wid.decode(errors='replace')} {why}")
 
     def close(self) -> None:
         try:
@@ -471,15 +515,9 @@ class Broker:
         limit = self.settings.silence_limit_s
         for wid, worker in list(self.workers.items()):
             if now - worker.last_seen > limit:
-                del self.workers[wid]
-                log.warning("worker %s silent for %.1f s: requeueing %d jobs", wid, now - worker.last_seen,
-                            len(worker.inflight))
-                for jid in list(worker.inflight):
-                    job = self.jobs.get(jid)
-                    if job is not None and job.worker == wid:
-                        self._attempt_failed(job, f"worker {wid.decode(errors='replace')} went silent for {limit:.1f} s")
-            else:
-                self._send_now(wid, protocol.encode(Kind.HEARTBEAT))
+                self._worker_lost(wid, f"went silent for {now - worker.last_seen:.1f} s")
+            elif self._unroutable(wid):  # also sends the heartbeat
+                self._worker_lost(wid, "disconnected")
         self.unreachable.clear()  # retry owed results once per tick
         horizon = now - 60.0
         while self.completions and self.completions[0] < horizon:

@@ -180,3 +180,30 @@ def _run_bad_worker(endpoint, err_path):
         with open(err_path, "w") as f:
             f.write(str(exc))
         sys.exit(2)
+
+
+def test_killed_worker_is_noticed_by_its_disconnect_long_before_heartbeats_run_out(tmp_path):
+    slow_heartbeats = dataclasses.replace(FAST_TEST_SETTINGS, heartbeat_s=2.0, liveness=3)  # silence limit 6 s
+    endpoint = free_tcp_endpoint()
+    broker = start_broker(endpoint, tmp_path / "journal.db", slow_heartbeats)
+    workers = [start_worker(endpoint, "counted", settings=slow_heartbeats) for _ in range(2)]
+    counter, started = tmp_path / "counter.txt", tmp_path / "started.txt"
+    try:
+        with BridgeClient(endpoint, settings=slow_heartbeats) as client:
+            wait_for_workers(client, 2)
+            future = client.submit_future(
+                "evaluate", {"counter_file": str(counter), "start_file": str(started), "seconds": 0.5, "tag": "x"},
+                timeout=30)
+            first = wait_for(lambda: read_lines(started), what="the job to start")
+            victim = next(w for w in workers if w.pid == parent_pid(int(first[0].split()[1])))
+            killed_at = time.time()
+            os.kill(victim.pid, signal.SIGKILL)
+            second = wait_for(lambda: read_lines(started)[1:], timeout=20, what="the job to restart")
+            result = future.result(timeout=30)
+        restart_delay = float(second[0].split()[2]) - killed_at
+        assert result["status"] == "correct"
+        assert restart_delay < 2.0, f"restarted {restart_delay:.2f} s after the kill; liveness alone needs 6 s"
+    finally:
+        for proc in workers:
+            stop(proc)
+        stop(broker)

@@ -133,3 +133,15 @@ def test_journal_prune_drops_only_results_older_than_the_ttl(tmp_path):
     assert journal.result_of("owed") is None and journal.result_of("acked") is None
     assert journal.undelivered_results() == []
     assert [p.id for p in journal.pending_jobs()] == ["running"]  # unfinished jobs are never pruned
+
+
+def test_bridge_modules_import_neither_torch_nor_jax():
+    import subprocess
+    import sys
+
+    code = ("import sys, bridge.broker, bridge.client, bridge.worker, bridge.fleet, bridge.cli, bridge.security, "
+            "bridge.status, bridge.evaluation_child; "
+            "print(sorted(m for m in ('torch', 'jax', 'pickle') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "torch" not in out.stdout and "jax" not in out.stdout
