@@ -1,6 +1,5 @@
 // Fused per-column affine -> GELU(tanh) -> clamp, one read and one write per element.
-// Each thread handles float4 groups in a grid-stride loop; a row length divisible by 4 keeps
-// every group inside one row, so the four columns are consecutive.
+// float4 accesses when the row length is a multiple of 4 and every pointer is 16-byte aligned.
 #include <cuda_runtime.h>
 
 namespace {
@@ -14,40 +13,47 @@ __device__ __forceinline__ float gelu_tanh_clamped(float v, float lo, float hi) 
   return fminf(fmaxf(g, lo), hi);
 }
 
-__global__ void elementwise_chain_vec4_kernel(const float4* __restrict__ x, const float* __restrict__ scale,
-                                              const float* __restrict__ bias, float4* __restrict__ y,
-                                              long long groups, int features, float lo, float hi) {
-  const int groups_per_row = features / 4;
-  for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < groups;
-       g += (long long)gridDim.x * blockDim.x) {
-    const int col = (int)(g % groups_per_row) * 4;
-    const float4 v = x[g];
-    const float4 s = *reinterpret_cast<const float4*>(scale + col);
-    const float4 b = *reinterpret_cast<const float4*>(bias + col);
+// Grid: x covers the columns (float4 groups), y strides over the rows, so each thread loads its
+// four scale and bias values once and reuses them for every row it visits (no index division).
+__global__ void elementwise_chain_vec4_kernel(const float4* __restrict__ x, const float4* __restrict__ scale,
+                                              const float4* __restrict__ bias, float4* __restrict__ y,
+                                              long long rows, int groups_per_row, float lo, float hi) {
+  const int g = blockIdx.x * blockDim.x + threadIdx.x;
+  if (g >= groups_per_row) return;
+  const float4 s = scale[g];
+  const float4 b = bias[g];
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+    const long long i = r * groups_per_row + g;
+    const float4 v = x[i];
     float4 out;
     out.x = gelu_tanh_clamped(fmaf(v.x, s.x, b.x), lo, hi);
     out.y = gelu_tanh_clamped(fmaf(v.y, s.y, b.y), lo, hi);
     out.z = gelu_tanh_clamped(fmaf(v.z, s.z, b.z), lo, hi);
     out.w = gelu_tanh_clamped(fmaf(v.w, s.w, b.w), lo, hi);
-    y[g] = out;
+    y[i] = out;
   }
 }
 
 __global__ void elementwise_chain_scalar_kernel(const float* __restrict__ x, const float* __restrict__ scale,
                                                 const float* __restrict__ bias, float* __restrict__ y,
-                                                long long n, int features, float lo, float hi) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-       i += (long long)gridDim.x * blockDim.x) {
-    const int col = (int)(i % features);
-    y[i] = gelu_tanh_clamped(fmaf(x[i], scale[col], bias[col]), lo, hi);
+                                                long long rows, int features, float lo, float hi) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= features) return;
+  const float s = scale[c], b = bias[c];
+  for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
+    const long long i = r * features + c;
+    y[i] = gelu_tanh_clamped(fmaf(x[i], s, b), lo, hi);
   }
 }
 
-int grid_for(long long work, int threads) {
-  long long blocks = (work + threads - 1) / threads;
-  const long long cap = 132LL * 16;  // enough resident blocks to fill an H100/H200 several times
-  if (blocks > cap) blocks = cap;
-  return (int)(blocks < 1 ? 1 : blocks);
+// About 16 resident blocks per SM of an H100/H200 in total; at least one row per block row.
+dim3 grid_for(long long rows, int columns, int threads) {
+  const int column_blocks = (columns + threads - 1) / threads;
+  long long row_blocks = (132LL * 16) / column_blocks;
+  if (row_blocks < 1) row_blocks = 1;
+  if (row_blocks > rows) row_blocks = rows;
+  if (row_blocks > 65535) row_blocks = 65535;
+  return dim3(column_blocks, (unsigned)row_blocks);
 }
 
 }  // namespace
@@ -57,17 +63,17 @@ extern "C" void elementwise_chain_launcher(const float* x, const float* scale, c
                                            long long rows, int features, float lo, float hi, int config,
                                            cudaStream_t stream) {
   (void)config;
-  const long long n = rows * features;
   constexpr int kThreads = 256;
   const bool aligned = ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y) |
                          reinterpret_cast<unsigned long long>(scale) | reinterpret_cast<unsigned long long>(bias)) &
                         15ULL) == 0;
   if (features % 4 == 0 && aligned) {
-    const long long groups = n / 4;
-    elementwise_chain_vec4_kernel<<<grid_for(groups, kThreads), kThreads, 0, stream>>>(
-        reinterpret_cast<const float4*>(x), scale, bias, reinterpret_cast<float4*>(y), groups, features, lo, hi);
+    const int groups_per_row = features / 4;
+    elementwise_chain_vec4_kernel<<<grid_for(rows, groups_per_row, kThreads), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(x), reinterpret_cast<const float4*>(scale),
+        reinterpret_cast<const float4*>(bias), reinterpret_cast<float4*>(y), rows, groups_per_row, lo, hi);
   } else {
-    elementwise_chain_scalar_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, scale, bias, y, n,
-                                                                                     features, lo, hi);
+    elementwise_chain_scalar_kernel<<<grid_for(rows, features, kThreads), kThreads, 0, stream>>>(
+        x, scale, bias, y, rows, features, lo, hi);
   }
 }

@@ -1,24 +1,27 @@
-// 2-D max pooling over NCHW planes with -inf padding. One thread per output element; threads of
-// a warp cover consecutive output columns, so their window rows are read from the same cache
-// lines. kWindow > 0 fixes the window size at compile time (the loops unroll); 0 reads it at run time.
+// 2-D max pooling over NCHW planes with -inf padding. One thread per output element on a 3-D grid
+// (x: output columns, y: output rows, z: planes), so no index needs a division; threads of a warp
+// cover consecutive output columns and read their window rows from the same cache lines.
+// kWindow > 0 fixes the window size at compile time (the loops unroll); 0 reads it at run time.
 #include <cuda_runtime.h>
 #include <math.h>
 
 namespace {
 
+constexpr int kBlockX = 32;
+constexpr int kBlockY = 8;
+constexpr long long kMaxGridZ = 65535;
+
 template <int kWindow>
-__global__ void maxpool2d_kernel(const float* __restrict__ x, float* __restrict__ y, long long planes, int height,
-                                 int width, int out_height, int out_width, int runtime_window, int stride,
-                                 int padding) {
+__global__ void __launch_bounds__(kBlockX* kBlockY)
+    maxpool2d_kernel(const float* __restrict__ x, float* __restrict__ y, long long planes, int height, int width,
+                     int out_height, int out_width, int runtime_window, int stride, int padding) {
   const int window = kWindow > 0 ? kWindow : runtime_window;
-  const long long total = planes * out_height * out_width;
-  for (long long o = blockIdx.x * (long long)blockDim.x + threadIdx.x; o < total;
-       o += (long long)gridDim.x * blockDim.x) {
-    const int ow = (int)(o % out_width);
-    const int oh = (int)((o / out_width) % out_height);
-    const long long plane = o / ((long long)out_width * out_height);
+  const int ow = blockIdx.x * kBlockX + threadIdx.x;
+  const int oh = blockIdx.y * kBlockY + threadIdx.y;
+  if (ow >= out_width || oh >= out_height) return;
+  const int h0 = oh * stride - padding, w0 = ow * stride - padding;
+  for (long long plane = blockIdx.z; plane < planes; plane += gridDim.z) {
     const float* src = x + plane * height * width;
-    const int h0 = oh * stride - padding, w0 = ow * stride - padding;
     float best = -INFINITY;
 #pragma unroll
     for (int dh = 0; dh < window; ++dh) {
@@ -31,15 +34,8 @@ __global__ void maxpool2d_kernel(const float* __restrict__ x, float* __restrict_
         if (w >= 0 && w < width) best = fmaxf(best, line[w]);
       }
     }
-    y[o] = best;
+    y[(plane * out_height + oh) * out_width + ow] = best;
   }
-}
-
-int grid_for(long long work, int threads) {
-  long long blocks = (work + threads - 1) / threads;
-  const long long cap = 132LL * 32;
-  if (blocks > cap) blocks = cap;
-  return (int)(blocks < 1 ? 1 : blocks);
 }
 
 }  // namespace
@@ -49,14 +45,14 @@ extern "C" void maxpool2d_launcher(const float* x, float* y, long long planes, i
                                    int out_height, int out_width, int window, int stride, int padding, int config,
                                    cudaStream_t stream) {
   (void)config;
-  constexpr int kThreads = 256;
-  const long long total = planes * out_height * out_width;
-  const int blocks = grid_for(total, kThreads);
+  const dim3 block(kBlockX, kBlockY);
+  const dim3 grid((out_width + kBlockX - 1) / kBlockX, (out_height + kBlockY - 1) / kBlockY,
+                  (unsigned)(planes < kMaxGridZ ? planes : kMaxGridZ));
   if (window == 3) {
-    maxpool2d_kernel<3><<<blocks, kThreads, 0, stream>>>(x, y, planes, height, width, out_height, out_width, window,
-                                                         stride, padding);
+    maxpool2d_kernel<3><<<grid, block, 0, stream>>>(x, y, planes, height, width, out_height, out_width, window,
+                                                    stride, padding);
   } else {
-    maxpool2d_kernel<0><<<blocks, kThreads, 0, stream>>>(x, y, planes, height, width, out_height, out_width, window,
-                                                         stride, padding);
+    maxpool2d_kernel<0><<<grid, block, 0, stream>>>(x, y, planes, height, width, out_height, out_width, window,
+                                                    stride, padding);
   }
 }
