@@ -138,12 +138,16 @@ async def run_episode(
     evaluator: EvaluatorGateway | None,
     workspace_dir: str | Path,
     tools: list[Tool] | None = None,
+    evaluator_salt: str | None = None,
 ) -> EpisodeResult:
-    """Run one episode in a fresh workspace at `workspace_dir` and grade its final solution."""
+    """Run one episode in a fresh workspace at `workspace_dir` and grade its final solution.
+
+    `evaluator_salt` (bridge clients only): identical jobs with the same salt are evaluated once.
+    """
     start = time.monotonic()
     tools = tools if tools is not None else default_tools()
     workspace: Workspace = create_workspace(workspace_dir, task.name, task.source, uid_base=config.sandbox.uid_base)
-    context = ToolContext(workspace=workspace, config=config, evaluator=evaluator)
+    context = ToolContext(workspace=workspace, config=config, evaluator=evaluator, evaluator_salt=evaluator_salt)
     toolbox = Toolbox(tools)
     renderer = ChatRenderer(tokenizer)
     trajectory = renderer.start(system_prompt(tools), task_message(task.name, config.backend))
@@ -257,14 +261,26 @@ async def run_episodes(
     episodes_dir: str | Path,
     concurrency: int = 8,
     on_done: Callable[[EpisodeResult], None] | None = None,
+    salt_per_episode: bool = False,
 ) -> list[EpisodeResult]:
-    """Run one episode per task (tasks may repeat), at most `concurrency` at a time, in task order."""
+    """Run one episode per task (tasks may repeat), at most `concurrency` at a time, in task order.
+
+    `salt_per_episode`: every episode gets its own evaluations even of byte-identical solutions.
+    """
     episodes_dir = Path(episodes_dir)
     gate = asyncio.Semaphore(max(1, concurrency))
 
     async def one(index: int, task: Task) -> EpisodeResult:
         async with gate:
-            result = await run_episode(task, make_policy(task, index), tokenizer, config, evaluator, episodes_dir / f"{index:05d}_{task.name}" / "workspace")
+            result = await run_episode(
+                task,
+                make_policy(task, index),
+                tokenizer,
+                config,
+                evaluator,
+                episodes_dir / f"{index:05d}_{task.name}" / "workspace",
+                evaluator_salt=f"{episodes_dir.name}/{index}" if salt_per_episode else None,
+            )
         if on_done is not None:
             on_done(result)
         return result

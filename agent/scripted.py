@@ -1,8 +1,9 @@
 """Scripts for the scripted policy: an honest solver that replays a known-good solution, and a cheater.
 
 The honest script reads the task and the rules, writes the solution's files, compiles,
-verifies and profiles, then stops. The cheating script tries to edit the reference, then
-submits a ModelNew that inherits the reference's torch forward (no kernel of its own).
+verifies and profiles, then stops. The cheating scripts: one tries to edit the reference, then
+submits a ModelNew that inherits the reference's torch forward (no kernel of its own); the
+other ships real kernels but computes the forward with torch anyway.
 """
 
 from __future__ import annotations
@@ -51,3 +52,11 @@ def cheating_turns(task_source: str) -> list[str]:
         "Reuse the reference's forward.\n" + format_tool_call("Write", {"file_path": SOLUTION_MODEL_FILE, "content": inherited}),
         format_tool_call("verify", {}),
     ]
+
+
+def torch_fallback_turns(task_source: str, solution_files: dict[str, str]) -> list[str]:
+    """Turn texts of a policy that builds honest kernels but never calls them (torch computes)."""
+    kernels = {path: text for path, text in solution_files.items() if path != SOLUTION_MODEL_FILE}
+    model_new = task_source + "\n\nimport cuda_extension  # built, never used\n\nclass ModelNew(Model):\n    pass\n"
+    writes = "\n".join(format_tool_call("Write", {"file_path": p, "content": t}) for p, t in {**kernels, SOLUTION_MODEL_FILE: model_new}.items())
+    return [writes, format_tool_call("compile", {}), format_tool_call("profile", {})]

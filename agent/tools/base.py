@@ -37,6 +37,9 @@ class ToolContext:
     background: dict[str, Any] = field(default_factory=dict)
     evaluations: list[EvaluationRecord] = field(default_factory=list)
     artifacts: dict[str, bytes] = field(default_factory=dict)  # files hash -> built extension
+    # Passed to the bridge with every job: identical jobs with the same salt share one
+    # evaluation (the broker deduplicates); a per-episode salt gives each episode its own.
+    evaluator_salt: str | None = None
     evaluator_seconds: float = 0.0  # agent-side wall time of evaluator calls (bridge included)
     evaluator_worker_seconds: float = 0.0  # the evaluator's own wall time, as its records report
 

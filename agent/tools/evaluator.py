@@ -30,7 +30,11 @@ async def submit_to_evaluator(context: ToolContext, service: str, job: dict) -> 
         raise ToolFailure("no evaluator is connected to this episode")
     start = time.monotonic()
     try:
-        record = await context.evaluator.submit(service, job, timeout=context.config.evaluator_timeout_seconds)
+        timeout = context.config.evaluator_timeout_seconds
+        if context.evaluator_salt is None:
+            record = await context.evaluator.submit(service, job, timeout=timeout)
+        else:
+            record = await context.evaluator.submit(service, job, timeout=timeout, salt=context.evaluator_salt)
     except Exception as error:  # the bridge's failures (timeout, broker gone) are infrastructure
         record = {"status": "infra_error", "diagnostics": [{"message": f"evaluator unavailable: {type(error).__name__}: {error}"}]}
     seconds = time.monotonic() - start
