@@ -10,7 +10,7 @@ the 18–70 s of a torch-header build; unchanged solutions are a hash lookup.
     else:                      ... result.diagnostics is the candidate's compile error ...
 """
 
-from .builder import FastBuildResult, build_fast, read_solution, select_sources
+from .builder import FastBuildResult, build_fast, read_solution, select_sources, warm_up
 from .runtime import ensure_binding_runtime, is_fast_extension, load_extension, load_fast_extension
 
 __all__ = [
@@ -22,4 +22,5 @@ __all__ = [
     "load_fast_extension",
     "read_solution",
     "select_sources",
+    "warm_up",
 ]

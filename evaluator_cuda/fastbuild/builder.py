@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -49,6 +50,7 @@ HARNESS_FILES = ("binding.cpp", "binding_registry.h")  # a workspace copy of the
 SO_NAME = "cuda_extension.so"
 EXPORTED_SYMBOLS = ("cuda_agent_fast_attach", "cuda_agent_fast_bindings", "cuda_agent_fast_free_result")
 DEFAULT_COMPILE_TIMEOUT_S = 300.0
+_PCH_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass
@@ -138,8 +140,40 @@ def cxx_flags(toolchain: Toolchain, backend: str) -> list[str]:
     flags = [f"-std={toolchain.cxx_standard}", *CXX_OPT_FLAGS, "-fPIC", "-fvisibility=hidden"]
     flags += [f"-I{INCLUDE_DIR}", *EXTENSION_DEFINES]
     if backend == "cuda":
-        flags.append(f"-I{toolchain.cuda_include()}")
+        flags += [f"-I{toolchain.cuda_include()}", "-DCUDA_AGENT_FAST_CUDA"]
     return flags
+
+
+PCH_HEADER = INCLUDE_DIR / "cuda_agent_fast_all.h"
+
+
+def ensure_precompiled_header(cache_root: Path, flags: list[str], toolchain: Toolchain, timeout_s: float) -> Path | None:
+    """The slim headers precompiled with `flags` (built once per toolchain and flag set), or None if g++ cannot.
+
+    Returns the header path to force-include (`-include`); g++ picks up the .gch next to it and, should the
+    flags ever disagree, silently parses the header instead (same meaning, only slower).
+    """
+    key = digest_of(toolchain.identity(), " ".join(flags), slim_headers_digest())
+    folder = cache_root / "pch" / key
+    header = folder / PCH_HEADER.name
+    gch = folder / (PCH_HEADER.name + ".gch")
+    if gch.exists() and header.exists():
+        return header
+    with _PCH_LOCK:
+        if gch.exists() and header.exists():
+            return header
+        folder.mkdir(parents=True, exist_ok=True)
+        if not header.exists():
+            tmp_header = folder / f".{PCH_HEADER.name}.{os.getpid()}.tmp"
+            shutil.copy(PCH_HEADER, tmp_header)
+            os.replace(tmp_header, header)
+        tmp_gch = folder / f".{gch.name}.{os.getpid()}.tmp"
+        code, _ = _run([toolchain.cxx, *flags, "-x", "c++-header", str(header), "-o", str(tmp_gch)], folder, timeout_s)
+        if code != 0 or not tmp_gch.exists():
+            tmp_gch.unlink(missing_ok=True)
+            return None
+        os.replace(tmp_gch, gch)
+    return header
 
 
 def nvcc_flags(toolchain: Toolchain, arch_list: str) -> list[str]:
@@ -209,8 +243,12 @@ def build_fast(
     arch_list: str | None = None,
     jobs: int | None = None,
     timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
+    use_pch: bool = True,
 ) -> FastBuildResult:
-    """Build a workspace solution (a folder, or {relpath: bytes}) into a fast-path cuda_extension library."""
+    """Build a workspace solution (a folder, or {relpath: bytes}) into a fast-path cuda_extension library.
+
+    use_pch: force-include the precompiled slim headers into bindings (built on first use, then shared).
+    """
     begin = time.perf_counter()
     files = solution if isinstance(solution, dict) else read_solution(Path(solution))
     sources = select_sources(files, backend)
@@ -265,7 +303,11 @@ def build_fast(
             tmp_obj = stage / "obj" / f"{ukey}.o"
             tmp_obj.parent.mkdir(exist_ok=True)
             exe = toolchain.nvcc if unit.compiler == "nvcc" else toolchain.cxx
-            cmd = [exe, *flags[unit.compiler], "-c", str(src), "-o", str(tmp_obj)]
+            extra = []
+            if unit.role in ("binding", "harness") and use_pch:
+                header = ensure_precompiled_header(cache.root, flags["cxx"], toolchain, timeout_s)
+                extra = ["-include", str(header), "-Winvalid-pch"] if header else []
+            cmd = [exe, *flags[unit.compiler], *extra, "-c", str(src), "-o", str(tmp_obj)]
             t0 = time.perf_counter()
             code, text = _run(cmd, stage, timeout_s)
             seconds = time.perf_counter() - t0
@@ -318,3 +360,18 @@ def _compile_failure(failed: list, report: list[dict], begin: float, key: str) -
     all_cached = all(u["cache_hit"] for u in report)
     return FastBuildResult(False, None, diagnostics, time.perf_counter() - begin, all_cached,
                            fallback_reason=reason, key=key, log="\n".join(logs), units=report)
+
+
+_PROBE_BINDING = b"""// A binding with no kernel: building it precompiles everything fast builds share.
+#include "binding_registry.h"
+int64_t cuda_agent_fast_probe(int64_t x) { return x + 1; }
+REGISTER_BINDING(probe, cuda_agent_fast_probe);
+"""
+
+
+def warm_up(backend: str = "cuda", cache_dir: Path | str | None = None, arch_list: str | None = None) -> FastBuildResult:
+    """Build what every fast build shares (the precompiled slim headers, the harness object) ahead of time.
+
+    Call once when a worker starts, so a candidate's first build pays only for its own files.
+    """
+    return build_fast({"kernels/probe_binding.cpp": _PROBE_BINDING}, backend, cache_dir, arch_list)

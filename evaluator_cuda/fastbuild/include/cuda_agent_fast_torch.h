@@ -292,15 +292,10 @@ class ArrayRef {
   ArrayRef(const std::vector<T>& v) : data_(v.data()), size_(v.size()) {}  // NOLINT
   template <size_t N>
   constexpr ArrayRef(const std::array<T, N>& a) : data_(a.data()), size_(N) {}  // NOLINT
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Winit-list-lifetime"
-#endif
   constexpr ArrayRef(const std::initializer_list<T>& list)  // NOLINT: implicit like torch
-      : data_(list.begin() == list.end() ? nullptr : list.begin()), size_(list.size()) {}
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+      : data_(nullptr), size_(list.size()) {
+    data_ = list.begin();  // valid for the full expression, as in c10::ArrayRef
+  }
   constexpr const T* begin() const { return data_; }
   constexpr const T* end() const { return data_ + size_; }
   constexpr const T* data() const { return data_; }
@@ -395,6 +390,7 @@ namespace at {
 using c10::ArrayRef;
 using c10::BFloat16;
 using c10::Device;
+using c10::DeviceIndex;
 using c10::DeviceType;
 using c10::Half;
 using c10::IntArrayRef;
