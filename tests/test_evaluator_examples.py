@@ -1,0 +1,63 @@
+"""The bundled examples through the evaluator: every honest solution is correct and every
+deliberately wrong one is `incorrect` with reward -1 — on the GPU (cuda-marked) and through
+the main command on the host backend (slow: seven torch-header builds when the cache is cold)."""
+
+from pathlib import Path
+
+import pytest
+
+from evaluator_cuda.evaluation import evaluate
+from evaluator_cuda.settings import EvalSettings
+from evaluator_cuda.solutions import read_solution
+from evaluator_cuda.tasks import load_tasks
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+CUDA_SOLUTIONS = sorted(p for p in (EXAMPLES / "solutions" / "cuda").glob("*") if p.is_dir()) if (EXAMPLES / "solutions" / "cuda").is_dir() else []
+
+
+def _task(stem: str):
+    return {t.stem: t for t in load_tasks(EXAMPLES / "tasks").tasks}[stem]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("solution_dir", CUDA_SOLUTIONS, ids=[p.name for p in CUDA_SOLUTIONS])
+def test_cuda_example_verdict(solution_dir):
+    solution = read_solution(solution_dir)
+    record = evaluate(_task(solution.stem), solution, EvalSettings.for_backend("cuda", profile=False))
+    if solution.variant:
+        assert record["status"] == "incorrect" and record["reward"] == -1, record["message"]
+    else:
+        assert record["status"] == "correct", (record["message"], record["diagnostics"][:3])
+        assert record["reward"] == 1 and record["backend"] == "cuda"
+
+
+@pytest.mark.cuda
+def test_cuda_profiled_evaluation_has_times_and_a_reward():
+    honest = [p for p in CUDA_SOLUTIONS if "__" not in p.name][0]
+    solution = read_solution(honest)
+    record = evaluate(_task(solution.stem), solution, EvalSettings.for_backend("cuda", repeats=10))
+    assert record["status"] == "correct", record["message"]
+    for key in ("candidate", "eager", "compile"):
+        times = record["times_us"][key]
+        assert times["n"] == 10 and 0 < times["min_us"] <= times["median_us"] <= times["max_us"]
+    assert record["reward"] in (1, 2, 3)
+
+
+@pytest.mark.slow
+def test_main_command_on_host_examples(tmp_path):
+    """`cuda-agent bench examples/tasks --solutions examples/solutions --backend host` (verdicts only)."""
+    from rich.console import Console
+
+    from evaluator_cuda.bench import run_bench
+
+    settings = EvalSettings.for_backend("host", profile=False)
+    result = run_bench(EXAMPLES / "tasks", EXAMPLES / "solutions", settings, tmp_path, console=Console(width=160, record=True))
+    assert not result.problems
+    by_name = {r["candidate"]: r for r in result.records}
+    stems = sorted(p.stem for p in (EXAMPLES / "tasks").glob("*.py"))
+    assert len(stems) >= 6
+    for stem in stems:
+        assert by_name[stem]["status"] == "correct", (stem, by_name[stem]["message"])
+    wrong = [r for name, r in by_name.items() if "[" in name]
+    assert wrong and all(r["status"] == "incorrect" and r["reward"] == -1 for r in wrong)
+    assert result.metrics["tasks"] == len(stems) and result.metrics["pass_rate"] == 1.0

@@ -1,0 +1,263 @@
+"""End-to-end evaluations on the host backend: verdicts, refusals, crashes, compile
+diagnostics, the baseline cache and the service API. Builds are shared across tests (and test
+sessions) through the content-hash build cache, so each distinct source compiles once."""
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evaluator_cuda.baselines import BaselineCache, baseline_key
+from evaluator_cuda.evaluation import evaluate
+from evaluator_cuda.service import compile_job, evaluate_job
+from evaluator_cuda.settings import EvalSettings
+from evaluator_cuda.solutions import Solution, reference_solution
+from evaluator_cuda.tasks import Task
+
+AXPY_TASK = Task(
+    name="axpy",
+    source=textwrap.dedent(
+        """
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self, alpha):
+                super().__init__()
+                self.alpha = alpha
+
+            def forward(self, x, y):
+                return self.alpha * x + y
+
+        def get_inputs():
+            return [torch.randn(4096), torch.randn(4096)]
+
+        def get_init_inputs():
+            return [2.5]
+        """
+    ),
+)
+
+KERNEL = """#include <cstdint>
+extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream) {
+  (void)config; (void)stream;
+  for (int64_t i = 0; i < n; ++i) out[i] = a * x[i] OP y[i];
+}
+"""
+BINDING = """#include "binding_registry.h"
+extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream);
+torch::Tensor axpy_forward(torch::Tensor x, torch::Tensor y, double a) {
+  TORCH_CHECK(x.is_contiguous() && y.is_contiguous() && x.scalar_type() == torch::kFloat32, "contiguous float32 only");
+  auto out = torch::empty_like(x);
+  axpy_launcher(x.data_ptr<float>(), y.data_ptr<float>(), out.data_ptr<float>(), (float)a, x.numel(), 0, nullptr);
+  BODY
+  return out;
+}
+REGISTER_BINDING(axpy_forward, axpy_forward);
+"""
+MODEL_NEW = """import torch
+import cuda_extension
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x, y):
+        return cuda_extension.axpy_forward(x, y, float(self.alpha))
+"""
+
+
+def workspace(op: str = "+", binding_body: str = "", kernel: str | None = None) -> Solution:
+    files = {
+        "model_new.py": MODEL_NEW.encode(),
+        "kernels/axpy.cpp": (kernel if kernel is not None else KERNEL.replace("OP", op)).encode(),
+        "kernels/axpy_binding.cpp": BINDING.replace("BODY", binding_body).encode(),
+    }
+    return Solution("workspace", files, "model_new.py", "axpy")
+
+
+def kernelbench(forward_body: str, prelude: str = "") -> Solution:
+    source = f"""import torch
+import torch.nn.functional as F
+{prelude}
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x, y):
+{textwrap.indent(textwrap.dedent(forward_body), '        ')}
+"""
+    return Solution("kernelbench", {"candidate.py": source.encode()}, "candidate.py", "axpy")
+
+
+@pytest.fixture(scope="session")
+def build_cache() -> str:
+    """Persistent, content-hash keyed: a source compiled by an earlier test session is reused."""
+    root = Path(os.environ.get("CUDA_AGENT_TEST_CACHE", Path.home() / ".cache" / "cuda-agent-tests"))
+    root.mkdir(parents=True, exist_ok=True)
+    return str(root)
+
+
+def host(cache_dir: str, **overrides) -> EvalSettings:
+    overrides.setdefault("profile", False)
+    return EvalSettings.for_backend("host", cache_dir=cache_dir, **overrides)
+
+
+def test_honest_host_workspace_is_correct(build_cache):
+    record = evaluate(AXPY_TASK, workspace("+"), host(build_cache))
+    assert record["status"] == "correct", record["message"]
+    assert record["reward"] == 1  # correct, not profiled: the correctness milestone
+    assert len(record["seeds"]["inputs"]) == 5
+    json.dumps(record)  # JSON-serialisable
+
+
+def test_wrong_host_workspace_is_incorrect(build_cache):
+    record = evaluate(AXPY_TASK, workspace("-"), host(build_cache))
+    assert record["status"] == "incorrect"
+    assert record["reward"] == -1
+    assert "values differ" in record["message"]
+
+
+def test_compile_error_gives_file_and_line(build_cache):
+    broken = KERNEL.replace("OP", "+").replace("(void)config; (void)stream;", "(void)config; (void)stream\n  int oops = ;")
+    line = broken.splitlines().index("  int oops = ;") + 1
+    record = evaluate(AXPY_TASK, workspace(kernel=broken), host(build_cache))
+    assert record["status"] == "compile_error" and record["reward"] == -1
+    first = record["diagnostics"][0]
+    assert first["file"] == "kernels/axpy.cpp"
+    assert first["line"] in (line - 1, line)  # gcc reports the missing ';' at the end of the line before
+    assert "expected" in first["message"]
+
+
+def test_aten_compute_from_cpp_binding_is_refused(build_cache):
+    """A binding that computes with torch::relu (ATen) is refused at the dispatcher (hacks.md #16)."""
+    record = evaluate(AXPY_TASK, workspace("+", binding_body="out = torch::relu(out);"), host(build_cache))
+    assert record["status"] == "incorrect", record["message"]
+    assert "relu" in record["message"] and "not allowed" in record["message"]
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ("return F.relu(x)", "torch.nn.functional.relu is not allowed"),
+        ("return torch.matmul(x.view(1, -1), y.view(-1, 1))", "torch.matmul is not allowed"),
+        ("return x.mul(self.alpha).add(y)", "torch.Tensor.mul is not allowed"),
+    ],
+)
+def test_torch_compute_in_forward_is_refused(tmp_path, body, needle):
+    record = evaluate(AXPY_TASK, kernelbench(body), host(str(tmp_path)))
+    assert record["status"] == "incorrect" and record["reward"] == -1
+    assert needle in record["message"]
+
+
+def test_candidate_that_raises_is_runtime_error(tmp_path):
+    record = evaluate(AXPY_TASK, kernelbench("raise RuntimeError('kernel launch failed: bad grid')"), host(str(tmp_path)))
+    assert record["status"] == "runtime_error" and record["reward"] == -1
+    assert "kernel launch failed: bad grid" in record["message"]
+
+
+def test_candidate_that_segfaults_is_runtime_error_not_infra(tmp_path):
+    record = evaluate(AXPY_TASK, kernelbench("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"), host(str(tmp_path)))
+    assert record["status"] == "runtime_error" and record["reward"] == -1
+    assert "SIGSEGV" in record["message"]
+
+
+def test_output_structure_and_type_are_exact(tmp_path):
+    subclass = "class Lazy(torch.Tensor):\n    pass\n"
+    cases = [
+        (kernelbench("return torch.empty(4096, dtype=torch.float64)"), "expected dtype float32"),
+        (kernelbench("return torch.empty(4096).as_subclass(Lazy)", prelude=subclass), "expected exactly torch.Tensor"),
+        (kernelbench("return (torch.empty(4096),)"), "expected a tensor, got tuple"),
+        (kernelbench("return torch.empty(64, 64)"), "expected shape (4096,)"),
+    ]
+    settings = host(str(tmp_path), block_torch=False)
+    for solution, needle in cases:
+        record = evaluate(AXPY_TASK, solution, settings)
+        assert record["status"] == "incorrect", (needle, record["message"])
+        assert needle in record["message"]
+
+
+def test_seeds_are_chosen_per_evaluation(tmp_path):
+    settings = host(str(tmp_path))
+    first = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
+    second = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
+    assert first["status"] == second["status"] == "correct"
+    assert first["seeds"]["inputs"] != second["seeds"]["inputs"]
+    assert len(set(first["seeds"]["inputs"])) == 5
+
+
+def _plant_baselines(cache_dir: str, settings: EvalSettings, eager_us: float, compile_us: float) -> Path:
+    import torch
+
+    from evaluator_cuda.child_reference import device_name
+
+    protocol = {"warmup": settings.warmup, "repeats": settings.repeats, "l2_flush_bytes": settings.l2_flush_bytes, "backend": settings.backend}
+    key = baseline_key(AXPY_TASK.source, device_name("cpu"), torch.__version__, settings.compile_mode, protocol)
+    stats = lambda us: {"median_us": us, "mean_us": us, "std_us": 0.0, "min_us": us, "max_us": us, "p25_us": us, "p75_us": us, "n": 1}  # noqa: E731
+    cache = BaselineCache(Path(cache_dir) / "baselines")
+    cache.put(key, {"eager": stats(eager_us), "compile": stats(compile_us)})
+    return cache.path(key)
+
+
+def test_baseline_cache_hit_skips_timing_and_sets_the_reward(tmp_path):
+    """Planted baselines are used as they are: no re-timing, and the reward follows them."""
+    settings = host(str(tmp_path), profile=True)
+    _plant_baselines(str(tmp_path), settings, eager_us=1e9, compile_us=1e9)
+    record = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
+    assert record["status"] == "correct", record["message"]
+    assert record["baseline_cache_hit"] is True
+    assert record["times_us"]["eager"]["median_us"] == 1e9 and record["times_us"]["compile"]["median_us"] == 1e9
+    assert "baselines" not in record["wall_s"]  # the reference process timed nothing
+    assert record["reward"] == 3  # far faster than both planted baselines
+    assert record["speedup"]["eager"] == pytest.approx(1e9 / record["times_us"]["candidate"]["median_us"])
+    _plant_baselines(str(tmp_path), settings, eager_us=1e-3, compile_us=1e-3)
+    assert evaluate(AXPY_TASK, reference_solution("axpy"), settings)["reward"] == 1
+
+
+@pytest.mark.slow
+def test_baseline_cache_miss_measures_once(tmp_path):
+    """First evaluation times eager and torch.compile and stores them; the second reuses them."""
+    settings = host(str(tmp_path), profile=True, repeats=3, warmup=1)
+    first = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
+    assert first["status"] == "correct", first["message"]
+    assert first["baseline_cache_hit"] is False and "baselines" in first["wall_s"]
+    stored = list((tmp_path / "baselines").glob("*.json"))
+    assert len(stored) == 1
+    assert json.loads(stored[0].read_text())["eager"] == first["times_us"]["eager"]
+    second = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
+    assert second["baseline_cache_hit"] is True and "baselines" not in second["wall_s"]
+    assert second["times_us"]["eager"] == first["times_us"]["eager"]
+    assert second["times_us"]["compile"] == first["times_us"]["compile"]
+
+
+def test_service_compile_then_evaluate_with_artifact(build_cache):
+    job = {
+        "task": {"name": "axpy", "source": AXPY_TASK.source},
+        "solution": {"format": "workspace", "files": workspace("+").files},
+        "settings": {"backend": "host", "cache_dir": build_cache, "profile": False},
+    }
+    built = compile_job(job)
+    assert built["status"] == "built" and isinstance(built["artifact"], bytes) and built["artifact"][:4] == b"\x7fELF"
+    again = compile_job(job)
+    assert again["cache_hit"] is True
+    record = evaluate_job({**job, "artifact": built["artifact"]})
+    assert record["status"] == "correct", record["message"]
+    assert record["build"]["key"] == "artifact"
+
+
+def test_service_rejects_malformed_jobs_as_infra_error():
+    record = evaluate_job({"task": {"name": "t"}, "solution": {}, "settings": {}})
+    assert record["status"] == "infra_error" and record["reward"] is None
+    assert "bad job" in record["message"]
+    built = compile_job({"task": {"name": "t", "source": "x"}, "solution": {"format": "workspace", "files": {}}, "settings": {"backend": "gpu"}})
+    assert built["status"] == "infra_error" and "unknown backend" in built["diagnostics"][0]["message"]
+
+
+def test_service_task_error_is_not_scored():
+    record = evaluate_job({"task": {"name": "t", "source": "import torch\n"}, "solution": {"format": "reference"}, "settings": {"backend": "host"}})
+    assert record["status"] == "task_error" and record["reward"] is None
+    assert record["message"] == "task t: missing class Model, get_inputs(), get_init_inputs()"

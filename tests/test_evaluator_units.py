@@ -1,0 +1,147 @@
+"""In-process units of the evaluator: the output comparison, the structured channel, compiler
+diagnostics and the torch-compute guard."""
+
+import socket
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from evaluator_cuda import wire
+from evaluator_cuda.diagnostics import parse_compiler_output
+from evaluator_cuda.torch_guard import ForbiddenTorchCompute, refuse_torch_compute
+from evaluator_cuda.verify import compare_outputs
+
+CPU = {"cls": "Tensor", "device": "cpu"}
+
+
+def test_compare_accepts_within_tolerance_and_rejects_beyond():
+    expected = torch.tensor([1.0, 100.0])
+    # assert_close: |a - e| <= atol + rtol * |e| = 0.01 + 0.01*|e|
+    assert compare_outputs(expected, torch.tensor([1.019, 101.0]), [CPU], "cpu", 1e-2, 1e-2) is None
+    problem = compare_outputs(expected, torch.tensor([1.03, 100.0]), [CPU], "cpu", 1e-2, 1e-2)
+    assert problem.startswith("output: values differ")
+    assert compare_outputs(torch.tensor([float("nan")]), torch.tensor([float("nan")]), [CPU], "cpu", 1e-2, 1e-2) is not None
+
+
+def test_compare_checks_structure_dtype_shape_device_and_class():
+    e = torch.zeros(2, 3)
+    assert "expected a tuple of 2" in compare_outputs((e, e), (e,), [CPU], "cpu", 1e-2, 1e-2)
+    assert "expected a tensor, got list" in compare_outputs(e, [e], [CPU], "cpu", 1e-2, 1e-2)
+    assert "expected dtype float32, got float64" in compare_outputs(e, e.double(), [CPU], "cpu", 1e-2, 1e-2)
+    assert "expected shape (2, 3), got (3, 2)" in compare_outputs(e, torch.zeros(3, 2), [CPU], "cpu", 1e-2, 1e-2)
+    assert "expected device cuda, got cpu" in compare_outputs(e, e, [CPU], "cuda", 1e-2, 1e-2)
+    assert "exactly torch.Tensor" in compare_outputs(e, e, [{"cls": "Parameter", "device": "cpu"}], "cpu", 1e-2, 1e-2)
+    assert compare_outputs((e, 3), (e.clone(), 3), [CPU], "cpu", 1e-2, 1e-2) is None
+    assert "output[1]" in compare_outputs((e, e), (e, e + 1), [CPU, CPU], "cpu", 1e-2, 1e-2)
+
+
+def test_wire_round_trip_keeps_values_and_reports_metadata():
+    a, b = socket.socketpair()
+    value = {
+        "x": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        "pair": (torch.tensor([1.5, -2.0], dtype=torch.bfloat16), 7),
+        "empty": torch.empty(0, 4),
+        "list": [None, True, "s", 2.5, torch.int64],
+        "blob": b"\x00\x01",
+    }
+    wire.send_message(a, value)
+    meta: list = []
+    got = wire.recv_message(b, timeout=5, tensor_meta=meta)
+    assert torch.equal(got["x"], value["x"]) and got["x"].dtype == torch.float32
+    assert isinstance(got["pair"], tuple) and torch.equal(got["pair"][0], value["pair"][0]) and got["pair"][1] == 7
+    assert got["empty"].shape == (0, 4)
+    assert got["list"] == [None, True, "s", 2.5, torch.int64] and got["blob"] == b"\x00\x01"
+    assert [m["dtype"] for m in meta] == ["float32", "bfloat16", "float32"]
+    assert all(m["cls"] == "Tensor" and m["device"] == "cpu" for m in meta)
+
+
+def test_wire_rejects_a_forged_tensor_and_times_out():
+    a, b = socket.socketpair()
+    blobs: list = []
+    body = wire.encode_value(torch.zeros(4), blobs)
+    body["shape"] = [1000]  # claims more data than it sends
+    import json
+    import struct
+
+    header = json.dumps({"body": body, "blobs": [len(x) for x in blobs]}).encode()
+    a.sendall(struct.pack(">I", len(header)) + header + b"".join(blobs))
+    with pytest.raises(wire.ProtocolError):
+        wire.recv_message(b, timeout=5)
+    with pytest.raises(wire.ChannelTimeout):
+        wire.recv_message(b, timeout=0.2)
+    a.close()
+    with pytest.raises(wire.ChannelClosed):
+        wire.recv_message(b, timeout=1)
+
+
+def test_diagnostics_from_gcc_nvcc_and_the_linker():
+    text = """[1/3] c++ -c /tmp/b/src/kernels/op.cpp
+FAILED: op.o
+/tmp/b/src/kernels/op.cpp:12:5: error: expected ';' before '}' token
+/tmp/b/src/kernels/op.cu(40): error: identifier "blockIdxx" is undefined
+/tmp/b/src/kernels/op.cu(41): catastrophic error: cannot open source file "nope.h"
+/usr/bin/ld: op.o: undefined reference to `op_launcher'
+ninja: build stopped: subcommand failed.
+"""
+    diags = parse_compiler_output(text, roots=["/tmp/b/src"])
+    assert diags[:3] == [
+        {"file": "kernels/op.cpp", "line": 12, "message": "expected ';' before '}' token"},
+        {"file": "kernels/op.cu", "line": 40, "message": 'identifier "blockIdxx" is undefined'},
+        {"file": "kernels/op.cu", "line": 41, "message": 'cannot open source file "nope.h"'},
+    ]
+    assert diags[3] == {"file": None, "line": None, "message": "undefined reference to `op_launcher'"}
+    assert parse_compiler_output("something odd happened\n") == [{"file": None, "line": None, "message": "something odd happened"}]
+
+
+def test_guard_allows_allocation_views_and_metadata():
+    x = torch.randn(4, 6)
+    with refuse_torch_compute():
+        y = torch.empty_like(x)
+        z = x.view(6, 4).t().contiguous()
+        w = torch.zeros(3, dtype=torch.float32)
+        assert x.shape == (4, 6) and x.size(1) == 6 and x.dtype == torch.float32 and x.is_contiguous()
+        assert y.shape == x.shape and z.shape == (4, 6) and w.numel() == 3
+        x.new_empty(2)
+        x[1:3]
+
+
+FUNCTIONAL_CALLS = [
+    lambda x: F.relu(x),
+    lambda x: F.gelu(x),
+    lambda x: F.softmax(x, dim=-1),
+    lambda x: F.linear(x, torch.ones(4, 4)),
+    lambda x: F.conv2d(x.view(1, 1, 4, 4), torch.ones(1, 1, 3, 3)),
+    lambda x: F.max_pool2d(x.view(1, 1, 4, 4), 2),
+    lambda x: F.layer_norm(x, (4,)),
+    lambda x: F.dropout(x, 0.5, training=True),
+    lambda x: F.scaled_dot_product_attention(x.view(1, 4, 4), x.view(1, 4, 4), x.view(1, 4, 4)),
+    lambda x: F.mse_loss(x, x),
+    lambda x: F.pad(x, (1, 1)),
+    lambda x: F.interpolate(x.view(1, 1, 4, 4), scale_factor=2.0),
+]
+OTHER_COMPUTE = [
+    lambda x: torch.matmul(x, x),
+    lambda x: x @ x,
+    lambda x: x + 1,
+    lambda x: x.sum(),
+    lambda x: x.exp_(),
+    lambda x: torch.ops.aten.relu.default(x),
+    lambda x: torch.where(x > 0, x, 0.0),
+    lambda x: x.copy_(x * 2),
+]
+
+
+@pytest.mark.parametrize("call", FUNCTIONAL_CALLS + OTHER_COMPUTE)
+def test_guard_refuses_compute(call):
+    x = torch.randn(4, 4)
+    before = x.clone()
+    with refuse_torch_compute(), pytest.raises(ForbiddenTorchCompute, match="is not allowed while the candidate runs"):
+        call(x)
+    assert torch.equal(x, before)
+
+
+def test_guard_off_is_a_no_op():
+    x = torch.randn(3)
+    with refuse_torch_compute(enabled=False):
+        assert torch.allclose(F.relu(x), x.clamp(min=0))
