@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Check and time the CUDA example solutions on a GPU (run on the H200; one call, < 8 minutes).
 
-    python scripts/check_examples_gpu.py [--skip-evaluator] [--only STEM ...]
+    python scripts/check_examples_gpu.py [--skip-evaluator | --evaluator-only] [--only NAME ...] [--budget-s 450]
 
 Phase 1 builds every examples/solutions/cuda/<name>/ workspace the way the harness does
 (templates/binding.cpp + kernels/*.cu + kernels/*_binding.cpp -> module `cuda_extension`), all in
@@ -10,8 +10,10 @@ Phase 2, one solution at a time in a child process: reloads the build (cached ti
 candidate against the task's Model on 5 random input sets (assert_close, atol = rtol = 1e-2),
 and for the honest solutions times Model eager, torch.compile(Model) and ModelNew with
 triton.testing.do_bench (L2 flushed before each call; median and 20/80 % quantiles, in us).
-Phase 3 (unless --skip-evaluator): runs each solution through evaluator_cuda.service.evaluate_job
-and records its verdict, its own times, reward and wall time, for comparison with do_bench.
+Phase 3 (unless --skip-evaluator): builds each solution with evaluator_cuda.service.compile_job (in
+parallel), then runs evaluate_job with that artifact, one at a time, and records the evaluator's
+verdict, its own times, reward and wall times, for comparison with do_bench. No new evaluation
+starts after --budget-s seconds (so one call stays under the device tool's limit).
 
 Prints a table at the end; with $OUT set, writes $OUT/check_examples_gpu.json.
 Exit status: 0 when every honest solution is correct and every __wrong one incorrect.
@@ -185,26 +187,50 @@ def milestone_reward(correct: bool, t: float, t_eager: float, t_compile: float) 
     return 1
 
 
-def evaluator_pass(solutions: list[Path]) -> dict[str, dict]:
-    """Each solution through the project's evaluator (service API), one at a time."""
+def _evaluator_job(solution: Path) -> dict:
+    files = {str(p.relative_to(solution)): p.read_bytes() for p in sorted(solution.rglob("*")) if p.is_file()}
+    return {"task": {"name": task_path(solution).stem, "source": task_path(solution).read_text()},
+            "solution": {"format": "workspace", "files": files},
+            "settings": {"backend": "cuda"}}
+
+
+def evaluator_pass(solutions: list[Path], deadline: float) -> dict[str, dict]:
+    """Each solution through the project's evaluator (service API): builds in parallel, then one
+    evaluation at a time with the prebuilt artifact. Stops starting evaluations after `deadline`."""
     try:
         sys.path.insert(0, str(REPO))
-        from evaluator_cuda.service import evaluate_job
+        from evaluator_cuda.service import compile_job, evaluate_job
     except Exception as exc:  # the evaluator is optional for this script
         return {"_error": {"error": f"evaluator not importable: {type(exc).__name__}: {exc}"}}
+    jobs = {s.name: _evaluator_job(s) for s in solutions}
+
+    def build(name: str) -> tuple[str, dict, float]:
+        start = time.perf_counter()
+        try:
+            return name, compile_job(jobs[name]), time.perf_counter() - start
+        except Exception as exc:
+            return name, {"status": "infra_error", "diagnostics": [{"message": f"{type(exc).__name__}: {exc}"}]}, 0.0
+
+    with ThreadPoolExecutor(max_workers=min(8, len(solutions))) as pool:
+        built = {name: (rep, sec) for name, rep, sec in pool.map(build, jobs)}
     results = {}
     for solution in solutions:
-        files = {str(p.relative_to(solution)): p.read_bytes() for p in sorted(solution.rglob("*")) if p.is_file()}
-        job = {"task": {"name": task_path(solution).stem, "source": task_path(solution).read_text()},
-               "solution": {"format": "workspace", "files": files},
-               "settings": {"backend": "cuda"}}
+        compiled, build_wall = built[solution.name]
+        entry = {"build_status": compiled.get("status"), "build_seconds": compiled.get("build_seconds"),
+                 "build_wall_s": build_wall}
+        if time.perf_counter() > deadline:
+            results[solution.name] = {**entry, "error": "skipped: time budget spent"}
+            continue
+        job = dict(jobs[solution.name])
+        if compiled.get("status") == "built" and compiled.get("artifact"):
+            job["artifact"] = compiled["artifact"]
         start = time.perf_counter()
         try:
             record = evaluate_job(job)
         except Exception as exc:
-            results[solution.name] = {"error": f"{type(exc).__name__}: {exc}"}
+            results[solution.name] = {**entry, "error": f"{type(exc).__name__}: {exc}"}
             continue
-        results[solution.name] = {"wall_s": time.perf_counter() - start, "record": record}
+        results[solution.name] = {**entry, "wall_s": time.perf_counter() - start, "record": record}
         print(f"  evaluator {solution.name}: {record.get('status')} reward={record.get('reward')} "
               f"({time.perf_counter() - start:.1f} s)", flush=True)
     return results
@@ -247,6 +273,9 @@ def print_table(rows: list[dict]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--skip-evaluator", action="store_true", help="skip phase 3 (the project's evaluator)")
+    parser.add_argument("--evaluator-only", action="store_true", help="run phase 3 only")
+    parser.add_argument("--budget-s", type=float, default=450.0,
+                        help="start no new evaluator run after this many seconds (default 450)")
     parser.add_argument("--only", nargs="*", default=None, help="solution names to run (default: all)")
     args = parser.parse_args()
 
@@ -262,10 +291,13 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="examples-gpu-"))
     builds = {s.name: root / s.name for s in solutions}
 
-    print(f"phase 1: building {len(solutions)} solutions in parallel under {root}", flush=True)
-    with ThreadPoolExecutor(max_workers=min(8, len(solutions))) as pool:
-        built = dict(zip([s.name for s in solutions],
-                         pool.map(lambda s: run_child("build", s, builds[s.name], 400), solutions)))
+    if args.evaluator_only:
+        built = {s.name: {"error": "not run (--evaluator-only)"} for s in solutions}
+    else:
+        print(f"phase 1: building {len(solutions)} solutions in parallel under {root}", flush=True)
+        with ThreadPoolExecutor(max_workers=min(8, len(solutions))) as pool:
+            built = dict(zip([s.name for s in solutions],
+                             pool.map(lambda s: run_child("build", s, builds[s.name], 400), solutions)))
     for name, rep in built.items():
         print(f"  {name}: " + (rep["error"] if "error" in rep else f"built in {rep['build_cold_s']:.1f} s"), flush=True)
 
@@ -273,6 +305,9 @@ def main() -> int:
     rows = []
     for solution in solutions:
         row = {"solution": solution.name, "expect": "incorrect" if is_wrong(solution) else "correct"}
+        if args.evaluator_only:
+            rows.append(row)
+            continue
         row.update({k: v for k, v in built[solution.name].items() if k != "error"})
         if "error" in built[solution.name]:
             row.update(verdict="compile_error", error=built[solution.name]["error"])
@@ -300,13 +335,18 @@ def main() -> int:
 
     if not args.skip_evaluator:
         print("phase 3: the project's evaluator (evaluator_cuda.service.evaluate_job)", flush=True)
-        evaluated = evaluator_pass(solutions)
+        evaluated = evaluator_pass(solutions, started + args.budget_s)
         if "_error" in evaluated:
             print("  " + evaluated["_error"]["error"], flush=True)
         for row in rows:
             row["evaluator"] = evaluated.get(row["solution"]) or evaluated.get("_error")
 
     total = time.perf_counter() - started
+    if args.evaluator_only:  # the evaluator's verdicts decide
+        for row in rows:
+            record = (row.get("evaluator") or {}).get("record") or {}
+            row["verdict"] = record.get("status", "?")
+            row["reward"] = record.get("reward")
     ok = all(r.get("verdict") == r["expect"] for r in rows)
     print()
     print(f"device: {torch.cuda.get_device_name(0)}  torch {torch.__version__}  python {platform.python_version()}  "
