@@ -12,6 +12,7 @@ import jax.numpy as jnp
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn")
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable")
 
 
 class ModelConfigError(ValueError):
@@ -52,6 +53,8 @@ class ModelConfig:
     param_dtype: str = "float32"
     compute_dtype: str = "bfloat16"
     remat: bool = False
+    # what a rematerialised layer keeps for the backward pass: a name in jax.checkpoint_policies
+    remat_policy: str = "nothing_saveable"
     attention_impl: str = "xla"
 
     def __post_init__(self):
@@ -67,6 +70,8 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ModelConfigError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ModelConfigError(f"remat_policy={self.remat_policy!r}: expected one of {REMAT_POLICIES}")
         if self.rope_scaling_type not in (None, "llama3"):
             raise ModelConfigError(f"rope scaling {self.rope_scaling_type!r} is not supported (only 'llama3')")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -40,7 +42,10 @@ def _run_layer(layer: DecoderLayer, x_btd, positions_bt, mask_b1ts, seq_lengths_
     return layer(x_btd, positions_bt, mask_b1ts, seq_lengths_b=seq_lengths_b)[0]
 
 
-_run_layer_remat = nnx.remat(_run_layer)
+@functools.cache
+def _run_layer_remat(policy_name: str):
+    """_run_layer recomputed in the backward pass, keeping what `jax.checkpoint_policies.<policy_name>` saves."""
+    return nnx.remat(_run_layer, policy=getattr(jax.checkpoint_policies, policy_name))
 
 
 class Backbone(nnx.Module):
@@ -68,7 +73,7 @@ class Backbone(nnx.Module):
             mask_b1ts, seq_lengths_b = None, jnp.sum(segment_ids_bt != 0, axis=1).astype(jnp.int32)
         else:
             mask_b1ts, seq_lengths_b = segment_attention_mask(segment_ids_bt), None
-        run = _run_layer_remat if self.config.remat else _run_layer
+        run = _run_layer_remat(self.config.remat_policy) if self.config.remat else _run_layer
         x_btd = self.embed_tokens(tokens_bt)
         for layer in self.layers:
             x_btd = run(layer, x_btd, positions_bt, mask_b1ts, seq_lengths_b)

@@ -193,12 +193,17 @@ def test_critic_value_is_linear_head_on_backbone():
 def test_remat_changes_nothing_but_memory():
     cfg = ModelConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=4, compute_dtype="float32")
-    plain, remat = random_model(CausalLM, cfg, seed=0), random_model(CausalLM, cfg.replace(remat=True), seed=0)
     tokens = jnp.arange(12).reshape(2, 6) % 40
     grad = nnx.jit(nnx.grad(lambda m: jnp.mean(m(tokens) ** 2)))
-    g_plain, g_remat = grad(plain), grad(remat)
-    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    g_plain = grad(random_model(CausalLM, cfg, seed=0))
+    for policy in ("nothing_saveable", "dots_saveable"):
+        remat = random_model(CausalLM, cfg.replace(remat=True, remat_policy=policy), seed=0)
+        graphdef, state = nnx.split(remat)
+        jaxpr = str(jax.make_jaxpr(lambda st: nnx.merge(graphdef, st)(tokens).sum())(state))
+        assert jaxpr.count("remat") == cfg.num_hidden_layers  # one rematerialised block per layer
+        g_remat = grad(remat)
+        for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g_remat)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
 # ---- failure paths ------------------------------------------------------------------------------
@@ -236,6 +241,8 @@ def test_config_errors():
         ModelConfig.from_hf_config({**QWEN2, "num_key_value_heads": 3})
     with pytest.raises(ModelConfigError, match="not supported"):
         ModelConfig.from_hf_config({**LLAMA, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
+    with pytest.raises(ModelConfigError, match="remat_policy"):
+        ModelConfig.from_hf_config(QWEN2, remat_policy="some_policy")
     with pytest.raises(ModelConfigError, match="param_dtype"):
         ModelConfig.from_hf_config(QWEN2, param_dtype="float64")
 
