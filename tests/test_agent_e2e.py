@@ -20,6 +20,7 @@ TASK_FILE = REPO / "examples" / "tasks" / "elementwise_chain.py"
 SOLUTION_DIR = REPO / "examples" / "solutions" / "host" / "elementwise_chain"
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("evaluator_cuda.bridge_handlers") is None, reason="evaluator bridge handlers not landed"),
     pytest.mark.skipif(importlib.util.find_spec("zmq") is None, reason="pyzmq missing"),
     pytest.mark.skipif(not SOLUTION_DIR.is_dir(), reason="example host solution missing"),
@@ -95,3 +96,43 @@ def test_cheating_policy_gets_minus_one(endpoint, tokenizer, episodes_dir):
     assert (result.workspace / "model.py").read_text() == task_source  # and Bash could not change it either
     assert result.reward == -1, (result.final_status, result.final_record)
     assert result.final_status in ("incorrect", "runtime_error", "compile_error")
+
+
+def test_torch_fallback_with_real_kernels_gets_minus_one(endpoint, tokenizer, episodes_dir):
+    from agent.policy import ScriptedPolicy
+    from agent.scripted import read_solution_dir, torch_fallback_turns
+
+    policy = ScriptedPolicy(torch_fallback_turns(TASK_FILE.read_text(), read_solution_dir(SOLUTION_DIR)), tokenizer)
+    result = run_with_bridge(endpoint, policy, tokenizer, episodes_dir / "fallback")
+    responses = [m["content"] for m in result.trajectory.messages if m["role"] == "tool"]
+    assert any(r.startswith("compile: built") for r in responses), responses  # the kernels do build
+    assert result.reward == -1 and result.final_status == "incorrect", (result.final_status, result.final_record)
+
+
+def test_cli_solve_and_rollout_through_a_given_bridge(endpoint, episodes_dir):
+    from typer.testing import CliRunner
+
+    from agent.trajectory import read_trajectories
+    from cuda_agent.cli import app
+
+    runner = CliRunner()
+    out = episodes_dir / "solve"
+    result = runner.invoke(app, ["solve", str(TASK_FILE), "--policy", "cheat", "--bridge", endpoint, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "elementwise_chain: reward -1.0" in result.output
+    transcript = (out / "transcript.md").read_text()
+    assert "## [2] assistant" in transcript and "read-only" in transcript
+    assert (out / "workspace" / "model.py").is_file() and (out / "result.json").is_file()
+
+    parquet = episodes_dir / "traj.parquet"
+    tasks_dir = REPO / "examples" / "tasks"
+    result = runner.invoke(
+        app,
+        ["rollout", str(tasks_dir / "elementwise_chain.py"), str(tasks_dir / "row_softmax.py"), "--policy", "cheat",
+         "--bridge", endpoint, "--config", "agent_tiny", "--out", str(parquet), "--episodes-dir", str(episodes_dir / "roll")],
+    )
+    assert result.exit_code == 0, result.output
+    rows = read_trajectories(parquet)
+    assert [r["task"] for r in rows] == ["elementwise_chain", "row_softmax"]
+    assert all(r["reward"] == -1 for r in rows)
+    assert all(len(r["tokens"]) == len(r["loss_mask"]) == len(r["rollout_logprobs"]) > 0 for r in rows)
