@@ -244,10 +244,13 @@ def build_fast(
     jobs: int | None = None,
     timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
     use_pch: bool = True,
-) -> FastBuildResult:
+    lookup_only: bool = False,
+) -> FastBuildResult | None:
     """Build a workspace solution (a folder, or {relpath: bytes}) into a fast-path cuda_extension library.
 
     use_pch: force-include the precompiled slim headers into bindings (built on first use, then shared).
+    lookup_only: return the cached library if there is one, else None without compiling anything (lets a
+    caller answer cache hits in-process and send misses to a sandboxed build child).
     """
     begin = time.perf_counter()
     files = solution if isinstance(solution, dict) else read_solution(Path(solution))
@@ -280,6 +283,8 @@ def build_fast(
     if library.exists():
         return FastBuildResult(True, str(library), [], time.perf_counter() - begin, True, key=key,
                                units=[{"file": u.rel, "seconds": 0.0, "cache_hit": True} for u in units])
+    if lookup_only:
+        return None
 
     stage_root = cache.root / "stage"
     stage_root.mkdir(parents=True, exist_ok=True)

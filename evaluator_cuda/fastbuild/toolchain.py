@@ -41,15 +41,23 @@ class ToolchainMissing(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Toolchain:
     cxx: str
-    cxx_version: str
     cxx_standard: str  # "c++17" | "c++20"
     nvcc: str | None = None
-    nvcc_version: str = ""
     cuda_home: str | None = None
 
     def identity(self) -> str:
-        """A string that changes whenever a compiled object could change."""
-        return "|".join([self.cxx, self.cxx_version, self.cxx_standard, self.nvcc or "", self.nvcc_version])
+        """A string that changes whenever a compiled object could change (compiler binaries by path, size, mtime).
+
+        Stat-based so that a cached build costs no `--version` subprocess.
+        """
+        return "|".join([binary_fingerprint(self.cxx), self.cxx_standard, binary_fingerprint(self.nvcc or "")])
+
+    def versions(self) -> dict[str, str]:
+        """Human-readable compiler versions (runs the compilers; for reports only)."""
+        out = {"cxx": compiler_version(self.cxx), "cxx_standard": self.cxx_standard}
+        if self.nvcc:
+            out["nvcc"] = compiler_version(self.nvcc)
+        return out
 
     def cuda_include(self) -> str:
         return str(Path(self.cuda_home) / "include")
@@ -79,10 +87,24 @@ def cxx_standard_for(torch_major_minor: tuple[int, int]) -> str:
     return "c++20" if torch_major_minor >= TORCH_CXX20_FROM else "c++17"
 
 
-def _version_line(exe: str) -> str:
+@functools.lru_cache(maxsize=None)
+def compiler_version(exe: str) -> str:
+    """The compiler's own version line(s)."""
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
     lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
     return " / ".join(lines[-2:]) if "nvcc" in Path(exe).name else (lines[0] if lines else "")
+
+
+def binary_fingerprint(exe: str) -> str:
+    """path:size:mtime of the file behind `exe` (empty for none)."""
+    if not exe:
+        return ""
+    real = os.path.realpath(shutil.which(exe) or exe)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return real
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def find_cuda_home() -> str | None:
@@ -110,14 +132,14 @@ def find_toolchain(backend: str) -> Toolchain:
         raise ToolchainMissing("no C++ compiler found (g++ / $CXX)")
     standard = cxx_standard_for(torch_version())
     if backend == "host":
-        return Toolchain(cxx, _version_line(cxx), standard)
+        return Toolchain(cxx, standard)
     if backend != "cuda":
         raise ValueError(f"unknown backend {backend!r} (expected cuda or host)")
     home = find_cuda_home()
     if not home:
         raise ToolchainMissing("no CUDA toolkit found (set CUDA_HOME; nvcc and include/cuda_runtime_api.h needed)")
     nvcc = str(Path(home) / "bin" / "nvcc")
-    return Toolchain(cxx, _version_line(cxx), standard, nvcc, _version_line(nvcc), home)
+    return Toolchain(cxx, standard, nvcc, home)
 
 
 def arch_flags(arch_list: str) -> list[str]:
