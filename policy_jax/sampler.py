@@ -117,7 +117,8 @@ def sample_from_logits(key: jax.Array, logits_bv: jax.Array, params: SamplingPar
     if greedy:
         token_b = jnp.argmax(filtered_bv, axis=-1)
     else:
-        token_b = jax.random.categorical(key, filtered_bv, axis=-1)
+        # the Gumbel draw in float32: bf16 noise is too coarse to sample the stated distribution faithfully
+        token_b = jax.random.categorical(key, filtered_bv.astype(jnp.float32), axis=-1)
     logp_bv = jax.nn.log_softmax(filtered_bv, axis=-1)
     logp_b = jnp.take_along_axis(logp_bv, token_b[:, None], axis=-1)[:, 0]
     return token_b.astype(jnp.int32), logp_b

@@ -199,3 +199,15 @@ def test_sharded_model_generates_the_same_tokens(prompts):
     b = generate(sharded, tokens, mask, params, jax.random.key(11))
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-4)
+
+
+def test_bf16_logits_are_sampled_faithfully():
+    """bf16 logits, 200k draws: frequencies within 0.004 of the exact probabilities (a bf16 Gumbel draw
+    is off by ~0.008 on the top token; the sampler draws in float32)."""
+    logits = jnp.asarray([[2.0, 1.5, 1.0, 0.2, -1.0, 0.0, 1.2, -3.5]], jnp.bfloat16)
+    n = 200_000
+    tokens, logps = jax.jit(lambda k: sample_from_logits(k, jnp.repeat(logits, n, 0), SamplingParams()))(jax.random.key(1))
+    assert logps.dtype == jnp.bfloat16
+    x = np.asarray(logits[0], np.float64)
+    p = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    np.testing.assert_allclose(np.bincount(np.asarray(tokens), minlength=8) / n, p, atol=0.004)
