@@ -15,7 +15,7 @@ from bridge.client import BridgeClient
 from bridge.protocol import Kind
 from bridge.settings import FAST_TEST_SETTINGS
 from tests.bridge_procs import (free_tcp_endpoint, raw_dealer, read_lines, start_broker, start_worker, stop,
-                                wait_for_workers)
+                                wait_for, wait_for_workers)
 
 SMALL_LIMIT = dataclasses.replace(FAST_TEST_SETTINGS, max_message_bytes=100_000, max_queue=5)
 
@@ -152,6 +152,7 @@ def test_full_queue_answers_busy_and_client_retries_until_a_worker_frees_it(flee
     try:
         result = fleet["client"].run_batch("square", [{"x": 78}], timeout=20)[0]
         assert result["value"] == 78 * 78
+        wait_for(lambda: fleet["client"].status()["queued"]["nobody"] == 0, what="the full queue to drain")
     finally:
         stop(worker)
 
