@@ -37,8 +37,12 @@ class ChildFailed(Exception):
         self.returncode = returncode
 
 
-def _limit_resources(file_size_limit: int, open_files_limit: int) -> None:
-    """Runs in the child between fork and exec."""
+LIMITS_ENV = "CUDA_AGENT_CHILD_LIMITS"
+
+
+def limit_resources(file_size_limit: int, open_files_limit: int) -> None:
+    """Applied by the child to itself first thing, before any candidate code can run
+    (not a preexec_fn: the parent may be multi-threaded)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -76,6 +80,7 @@ class Child:
         child_env = dict(os.environ)
         child_env.update(env or {})
         child_env[CHANNEL_FD_ENV] = str(child_sock.fileno())
+        child_env[LIMITS_ENV] = f"{file_size_limit},{DEFAULT_OPEN_FILES_LIMIT}"
         child_env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
         self._log = open(self.log_path, "ab")
         try:
@@ -88,7 +93,6 @@ class Child:
                 stderr=subprocess.STDOUT,
                 pass_fds=(child_sock.fileno(),),
                 start_new_session=True,
-                preexec_fn=lambda: _limit_resources(file_size_limit, DEFAULT_OPEN_FILES_LIMIT),
             )
         finally:
             child_sock.close()

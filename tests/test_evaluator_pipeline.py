@@ -261,3 +261,21 @@ def test_service_task_error_is_not_scored():
     record = evaluate_job({"task": {"name": "t", "source": "import torch\n"}, "solution": {"format": "reference"}, "settings": {"backend": "host"}})
     assert record["status"] == "task_error" and record["reward"] is None
     assert record["message"] == "task t: missing class Model, get_inputs(), get_init_inputs()"
+
+
+def test_compile_timeout_is_a_compile_error(tmp_path):
+    """A build that outlives the compile timeout is killed (whole process group) and not cached."""
+    settings = host(str(tmp_path), compile_timeout_s=1.0)
+    solution = workspace("+", binding_body=f"// unique {tmp_path.name}")
+    record = evaluate(AXPY_TASK, solution, settings)
+    assert record["status"] == "compile_error" and record["reward"] == -1
+    assert record["message"] == "compilation exceeded the 1 s compile timeout"
+    assert not [p for p in (tmp_path / "build").iterdir() if not p.name.endswith(".lock")]  # nothing cached, no leftovers
+
+
+@pytest.mark.slow
+def test_candidate_that_hangs_is_killed_as_runtime_error(tmp_path):
+    settings = host(str(tmp_path), child_timeout_s=45.0)
+    record = evaluate(AXPY_TASK, kernelbench("while True:\n    pass"), settings)
+    assert record["status"] == "runtime_error" and record["reward"] == -1
+    assert "gave no answer within 45 s" in record["message"]
