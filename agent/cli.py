@@ -188,6 +188,7 @@ def rollout(
     model: Optional[str] = typer.Option(None),
     model_dir: Optional[str] = typer.Option(None),
     max_turns: Optional[int] = typer.Option(None),
+    keep_workspaces: bool = typer.Option(False, help="Keep every episode's workspace (default: remove it once its trajectory is in memory)."),
 ) -> None:
     """Run many episodes concurrently and write their trajectories (with a progress bar)."""
     import asyncio
@@ -213,6 +214,10 @@ def rollout(
         bar = progress.add_task("episodes", total=len(task_list))
 
         def done(result) -> None:
+            if not keep_workspaces:
+                import shutil
+
+                shutil.rmtree(result.workspace, ignore_errors=True)
             if result.reward is not None:
                 rewards.append(result.reward)
             mean = sum(rewards) / len(rewards) if rewards else float("nan")

@@ -196,7 +196,7 @@ async def run_episode(
         for job in list(context.background.values()):
             await job.kill()
         context.background.clear()
-        workspace.end_commands()
+        workspace.release()
 
     final_evaluations: list[EvaluationRecord] = []
     best = best_correct_evaluation(context.evaluations)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from agent.episode import EpisodeResult
+from agent.sandbox import sandbox_report
 
 
 def transcript_text(result: EpisodeResult) -> str:
@@ -23,6 +24,7 @@ def transcript_text(result: EpisodeResult) -> str:
         f"- tokens: {len(result.trajectory)} ({result.trajectory.agent_tokens} agent)",
         f"- wall {result.wall_seconds:.1f} s: policy {result.policy_seconds:.1f} s, tools {result.tool_seconds:.1f} s, evaluator {result.evaluator_seconds:.1f} s",
         f"- workspace: {result.workspace}",
+        f"- command sandbox: {json.dumps(sandbox_report())}",
     ]
     if result.error:
         lines.append(f"- error: {result.error}")

@@ -148,12 +148,58 @@ class Workspace:
             return 0
         return kill_processes_of_uid(self.sandbox_uid)
 
+    def release(self) -> None:
+        """End the commands and give the sandbox uid back (the files stay, owned by that uid)."""
+        if self.sandbox_uid is not None:
+            kill_processes_of_uid(self.sandbox_uid)
+            release_sandbox_uid(self.sandbox_uid)
 
-def _sandbox_uid(uid_base: int) -> int | None:
-    """A fresh uid per workspace when running as root, else None (commands run as us)."""
-    if not can_switch_uid():
-        return None
-    return uid_base + os.getpid() % 1000 * 1000 + next(_slot_counter) % 1000
+
+UID_CLAIMS_DIR = Path("/tmp/cuda-agent-uids")
+UID_SPAN = 100_000
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_sandbox_uid(uid_base: int, claims_dir: Path = UID_CLAIMS_DIR, span: int = UID_SPAN) -> int:
+    """A uid in [uid_base, uid_base + UID_SPAN) no other live episode on this host holds.
+
+    A claim is a file named after the uid holding the claimer's pid (created with O_EXCL);
+    claims of dead processes are taken over.
+    """
+    claims_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    start = (os.getpid() * 7919 + next(_slot_counter)) % span
+    for offset in range(span):
+        uid = uid_base + (start + offset) % span
+        claim = claims_dir / str(uid)
+        for _ in range(2):  # a second try after removing a dead process's claim
+            try:
+                fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                try:
+                    holder = int(claim.read_text() or "0")
+                except (OSError, ValueError):
+                    break
+                if holder and not _pid_alive(holder):
+                    claim.unlink(missing_ok=True)
+                    continue
+                break
+            with os.fdopen(fd, "w") as handle:
+                handle.write(str(os.getpid()))
+            return uid
+    raise WorkspaceError("no free sandbox uid")
+
+
+def release_sandbox_uid(uid: int, claims_dir: Path = UID_CLAIMS_DIR) -> None:
+    (claims_dir / str(uid)).unlink(missing_ok=True)
 
 
 def create_workspace(
@@ -176,7 +222,7 @@ def create_workspace(
             shutil.copyfile(source, root / name)
     (root / TASK_FILE).write_text(task_source)
     (root / KERNELS_DIR).mkdir()
-    uid = _sandbox_uid(uid_base) if isolate_uid and _traversable_by_others(root) else None
+    uid = claim_sandbox_uid(uid_base) if isolate_uid and can_switch_uid() and _traversable_by_others(root) else None
     for name in (TASK_FILE, *TEMPLATE_FILES):
         if (root / name).exists():
             os.chmod(root / name, 0o444)

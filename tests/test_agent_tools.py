@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from agent.tool_calls import ToolCall, ToolCallError, format_tool_call, parse_to
 from agent.toolbox import Toolbox
 from agent.tools import default_tools
 from agent.tools.base import ToolContext, schema_errors, truncate_text
-from agent.workspace import WorkspaceError, create_workspace
+from agent.workspace import WorkspaceError, claim_sandbox_uid, create_workspace, release_sandbox_uid
 
 TASK = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
 
@@ -47,7 +48,7 @@ def context(tmp_path):
     for job in ctx.background.values():
         ctx.runner.run(job.kill())
     ctx.runner.close()
-    workspace.end_commands()
+    workspace.release()
 
 
 def call(ctx, name, **arguments):
@@ -302,3 +303,24 @@ def test_configs_hold_the_paper_values():
     assert tiny.backend == "host"
     with pytest.raises(FileNotFoundError):
         load_agent_config("no_such_config")
+
+
+def test_sandbox_uid_claims_are_exclusive_and_dead_claims_reclaimed(tmp_path):
+    claims = tmp_path / "claims"
+    first = claim_sandbox_uid(500_000, claims, span=3)
+    second = claim_sandbox_uid(500_000, claims, span=3)
+    assert first != second and (claims / str(first)).read_text() == str(os.getpid())
+    release_sandbox_uid(first, claims)
+    assert not (claims / str(first)).exists()
+    # A claim left by a dead process: taken over on the way.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for uid in range(500_000, 500_003):
+        if uid != second:
+            (claims / str(uid)).write_text(str(dead.pid))
+    third = claim_sandbox_uid(500_000, claims, span=3)
+    assert third != second and (claims / str(third)).read_text() == str(os.getpid())
+    fourth = claim_sandbox_uid(500_000, claims, span=3)
+    assert fourth not in (second, third)
+    with pytest.raises(WorkspaceError, match="no free sandbox uid"):
+        claim_sandbox_uid(500_000, claims, span=3)  # every claim held by a live process
