@@ -67,6 +67,16 @@ def _curve_client(curve: Optional[Path], name: str):
     return client
 
 
+def _connect(endpoint: str, curve: Optional[Path], curve_name: str, time_limit: Optional[float] = None):
+    from bridge.client import BridgeClient
+
+    keys = _curve_client(curve, curve_name)
+    try:
+        return BridgeClient(endpoint, curve=keys, time_limit=time_limit)
+    except RuntimeError as exc:  # the endpoint does not parse
+        _fail(str(exc))
+
+
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the root app."""
 
@@ -160,8 +170,6 @@ def register(app: typer.Typer) -> None:
         """Send one task + solution through the bridge and print the result as JSON."""
         import yaml
 
-        from bridge.client import BridgeClient
-
         if not task.is_file():
             _fail(f"task file not found: {task}")
         try:
@@ -179,7 +187,7 @@ def register(app: typer.Typer) -> None:
                 _fail(f"--set expects KEY=VALUE, got {item!r}")
             settings[key] = yaml.safe_load(value)
         job = {"task": {"name": task.stem, "source": task.read_text()}, "solution": solution_job, "settings": settings}
-        with BridgeClient(endpoint, curve=_curve_client(curve, curve_name), time_limit=time_limit) as client:
+        with _connect(endpoint, curve, curve_name, time_limit) as client:
             result = client.run_batch(service, [job], timeout=timeout)[0]
         typer.echo(json.dumps(_printable(result), indent=2, sort_keys=True, default=str))
         if result.get("status") == "infra_error":
@@ -194,10 +202,9 @@ def register(app: typer.Typer) -> None:
         curve_name: str = typer.Option("client", help="Which key pair in the keys folder is this client's."),
     ) -> None:
         """Show the broker's queue depth, workers, jobs in flight and throughput."""
-        from bridge.client import BridgeClient
         from bridge.status import format_status
 
-        with BridgeClient(endpoint, curve=_curve_client(curve, curve_name)) as client:
+        with _connect(endpoint, curve, curve_name) as client:
             status = client.status(timeout)
         if status is None:
             _fail(f"no broker answered at {endpoint} within {timeout:g} s", code=1)

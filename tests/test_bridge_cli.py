@@ -79,6 +79,7 @@ def test_user_errors_are_one_line_and_nonzero(tmp_path):
     app = _app()
     cases = [
         (["bridge-status", "--endpoint", free_tcp_endpoint(), "--timeout", "0.3"], "no broker answered"),
+        (["bridge-status", "--endpoint", "localhost:5555"], "cannot connect to localhost:5555"),
         (["worker", "--gpus", "0,x"], "comma-separated list of device indices"),
         (["worker", "--gpus", "1,1"], "lists a device twice"),
         (["worker", "--service", "train"], "no default handler for service 'train'"),
