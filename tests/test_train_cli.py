@@ -1,0 +1,48 @@
+"""`cuda-agent train` / `train-demo-data`: one clear error line for user mistakes; a CPU run that resumes."""
+
+import pytest
+from typer.testing import CliRunner
+
+from cuda_agent.cli import app
+
+RUNNER = CliRunner()
+
+
+def invoke(*args):
+    result = RUNNER.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def test_user_errors_are_one_line(tmp_path):
+    data = tmp_path / "d.parquet"
+    code, out = invoke("train-demo-data", "--out", str(data), "--rows", "4", "--max-len", "16")
+    assert code == 0 and "wrote 4 trajectories" in out
+    cases = [
+        (["--stage", "rft", "--config", "configs/tiny.yaml", "--data", str(tmp_path / "none.parquet")], "trajectory file not found"),
+        (["--stage", "rft", "--config", str(tmp_path / "none.yaml"), "--data", str(data)], "no config file"),
+        (["--stage", "sft", "--config", "configs/tiny.yaml", "--data", str(data)], "unknown stage 'sft'"),
+    ]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open("configs/tiny.yaml").read().replace("train:\n", "train:\n  batch: 3\n"))
+    cases.append((["--stage", "rft", "--config", str(bad), "--data", str(data)], "unknown keys in train: batch"))
+    for args, message in cases:
+        code, out = invoke("train", *args, "--checkpoint-dir", str(tmp_path / "ck"))
+        assert code == 2, out
+        lines = out.strip().splitlines()
+        assert lines[-1].startswith("error: ") and message in lines[-1], out
+        assert "Traceback" not in out
+
+
+@pytest.mark.slow  # two model inits and compiles: ~40 s of CPU
+def test_rft_run_then_resume(tmp_path):
+    data = tmp_path / "d.parquet"
+    invoke("train-demo-data", "--out", str(data), "--rows", "32", "--max-len", "48")
+    common = ["train", "--stage", "rft", "--config", "configs/tiny.yaml", "--data", str(data),
+              "--checkpoint-dir", str(tmp_path / "ck")]
+    code, out = invoke(*common, "--steps", "2", "--log-file", str(tmp_path / "log.jsonl"))
+    assert code == 0, out
+    assert '"event": "filter"' in out and "actor: 2 updates" in out
+    code, out = invoke(*common, "--steps", "3")
+    assert code == 0, out
+    assert '"event": "resumed"' in out and '"step": 2' in out and "actor: 3 updates" in out
+    assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 3  # filter event + 2 steps
