@@ -82,21 +82,43 @@ class Workspace:
     def relative(self, real: Path) -> str:
         return real.relative_to(self.root.resolve()).as_posix()
 
+    def open_beneath(self, real: Path, flags: int, *, make_parents: bool = False) -> int:
+        """Open `real` (a path `resolve` returned) walking from the workspace root one component
+        at a time without following any symlink: a directory swapped for a symlink by a
+        background command between `resolve` and here makes the open fail, never escape.
+        Created directories and files belong to the sandbox uid.
+        """
+        parts = real.relative_to(self.root.resolve()).parts
+        nofollow = getattr(os, "O_NOFOLLOW", 0)
+        directory = os.open(self.root.resolve(), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            for part in parts[:-1]:
+                if make_parents:
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=directory)
+                        if self.sandbox_uid is not None:
+                            os.chown(part, self.sandbox_uid, self.sandbox_uid, dir_fd=directory, follow_symlinks=False)
+                    except FileExistsError:
+                        pass
+                child = os.open(part, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | nofollow, dir_fd=directory)
+                os.close(directory)
+                directory = child
+            fd = os.open(parts[-1], flags | nofollow, 0o644, dir_fd=directory)
+            if flags & os.O_CREAT and self.sandbox_uid is not None:
+                os.fchown(fd, self.sandbox_uid, self.sandbox_uid)
+            return fd
+        finally:
+            os.close(directory)
+
     def write_text(self, path: str, content: str) -> Path:
         """Write a file the agent asked for (never through a symlink), owned by the sandbox uid."""
         real = self.resolve(path, for_write=True)
-        real.parent.mkdir(parents=True, exist_ok=True)
-        self._own_tree(real.parent)
-        # The last component was resolved above; O_NOFOLLOW closes the race with a symlink
-        # created in between by a background command.
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
         try:
-            fd = os.open(real, flags, 0o644)
+            fd = self.open_beneath(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_parents=True)
         except OSError as error:
             raise WorkspaceError(f"cannot write {path}: {error.strerror}") from None
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(content)
-        self._own(real)
         return real
 
     def read_text(self, path: str) -> str:
@@ -105,7 +127,12 @@ class Workspace:
             raise WorkspaceError(f"{path} does not exist")
         if real.is_dir():
             raise WorkspaceError(f"{path} is a directory")
-        return real.read_bytes().decode("utf-8", errors="replace")
+        try:
+            fd = self.open_beneath(real, os.O_RDONLY)
+        except OSError as error:
+            raise WorkspaceError(f"cannot read {path}: {error.strerror}") from None
+        with os.fdopen(fd, "rb") as handle:
+            return handle.read().decode("utf-8", errors="replace")
 
     def solution_files(self) -> dict[str, bytes]:
         """`model_new.py` and every regular file under `kernels/` (symlinks are skipped)."""
@@ -129,18 +156,13 @@ class Workspace:
             total += info.st_size
             if total > SOLUTION_TOTAL_MAX_BYTES:
                 raise WorkspaceError(f"solution files exceed {SOLUTION_TOTAL_MAX_BYTES} bytes in total")
-            files[path.relative_to(root).as_posix()] = path.read_bytes()
+            try:
+                fd = self.open_beneath(path, os.O_RDONLY)
+            except OSError:
+                continue  # swapped for a link or removed since the walk
+            with os.fdopen(fd, "rb") as handle:
+                files[path.relative_to(root).as_posix()] = handle.read(SOLUTION_FILE_MAX_BYTES + 1)
         return files
-
-    def _own(self, path: Path) -> None:
-        if self.sandbox_uid is not None:
-            os.chown(path, self.sandbox_uid, self.sandbox_uid, follow_symlinks=False)
-
-    def _own_tree(self, directory: Path) -> None:
-        root = self.root.resolve()
-        while directory != root and root in directory.parents:
-            self._own(directory)
-            directory = directory.parent
 
     def end_commands(self) -> int:
         """Kill every process left by this workspace's commands (only with an own uid)."""

@@ -89,6 +89,7 @@ async def run_pass(name, jobs, tokenizer, config, client, root, concurrency):
             result = await run_episode(
                 task, policy, tokenizer, config, client, root / f"{name}-{index:03d}-{task.name}-{kind}", evaluator_salt=f"{root.name}/{name}/{index}"
             )
+        print(f"[{name}] {task.name} {kind}: reward {result.reward} {result.final_status} in {result.wall_seconds:.1f} s", flush=True)
         ok = (result.reward is not None and result.reward >= 1 and result.final_status == "correct") if kind == "honest" else result.reward == -1
         t = result.timings
         return {

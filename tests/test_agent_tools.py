@@ -324,3 +324,25 @@ def test_sandbox_uid_claims_are_exclusive_and_dead_claims_reclaimed(tmp_path):
     assert fourth not in (second, third)
     with pytest.raises(WorkspaceError, match="no free sandbox uid"):
         claim_sandbox_uid(500_000, claims, span=3)  # every claim held by a live process
+
+
+def test_directory_swapped_for_a_symlink_after_resolve_is_not_followed(context, tmp_path):
+    # The race a background command could win: `resolve` saw a real directory, then it became a link out.
+    root = context.workspace.root
+    (root / "kernels" / "sub").mkdir()
+    real = context.workspace.resolve("kernels/sub/op.cpp", for_write=True)
+    (root / "kernels" / "sub").rmdir()
+    os.symlink(tmp_path, root / "kernels" / "sub")
+    with pytest.raises(OSError):
+        context.workspace.open_beneath(real, os.O_WRONLY | os.O_CREAT)
+    assert not (tmp_path / "op.cpp").exists()
+
+
+@pytest.mark.skipif(not can_switch_uid(), reason="needs root to run commands as their own uid")
+def test_files_written_by_tools_belong_to_the_sandbox_uid(context):
+    call(context, "Write", file_path="kernels/deep/er/op.cpp", content="int x;\n")
+    uid = context.workspace.sandbox_uid
+    for relative in ("kernels/deep", "kernels/deep/er", "kernels/deep/er/op.cpp"):
+        assert (context.workspace.root / relative).stat().st_uid == uid
+    text, _ = call(context, "Bash", command="echo more >> kernels/deep/er/op.cpp && rm -r kernels/deep && echo removed")
+    assert "removed" in text

@@ -106,9 +106,14 @@ class GrepTool(Tool):
         for path in files:
             if name_filter and not (name_filter.match(path.name) or name_filter.match(context.workspace.relative(path))):
                 continue
-            if path.stat().st_size > GREP_MAX_FILE_BYTES:
+            try:
+                fd = context.workspace.open_beneath(path, os.O_RDONLY)
+            except OSError:
+                continue  # swapped for a link or removed since the walk
+            with os.fdopen(fd, "rb") as handle:
+                data = handle.read(GREP_MAX_FILE_BYTES + 1)
+            if len(data) > GREP_MAX_FILE_BYTES:
                 continue
-            data = path.read_bytes()
             if b"\x00" in data:
                 continue
             for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
