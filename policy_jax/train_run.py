@@ -96,8 +96,12 @@ def run_stage(
     states: dict[str, TrainState] = {}
     checkpointers: dict[str, TrainCheckpointer] = {}
     position = None
+    batch_size = cfg.train.global_batch_size
+    updates_per_step = 1
+    if stage == "ppo":
+        updates_per_step = (batch_size // min(cfg.ppo.mini_batch_size, batch_size)) * cfg.ppo.epochs
     for role in roles:
-        state = new_state(role, cfg, mesh, init_from, steps)
+        state = new_state(role, cfg, mesh, init_from, steps * updates_per_step)
         source = actor_from if role == "actor" else critic_from
         ck = TrainCheckpointer(checkpoint_dir(cfg, stage, role, checkpoint_root),
                                max_to_keep=cfg.checkpoint.max_to_keep, save_every=cfg.checkpoint.save_every)
@@ -109,13 +113,9 @@ def run_stage(
             state = _params_from(source, state)
             log({"stage": stage, "event": "initialised", "role": role, "from": source})
         states[role] = state
-    batch_size = cfg.train.global_batch_size
     batches = BatchIterator(rows, batch_size, cfg.train.seq_len, cfg.train.seed,
                             {k: v for k, v in (position or {}).items() if k in ("epoch", "index")})
-    done = int(jax.device_get(states[roles[0]].step))
-    if stage == "ppo":
-        updates_per_step = (batch_size // min(cfg.ppo.mini_batch_size, batch_size)) * cfg.ppo.epochs
-        done //= updates_per_step
+    done = int(jax.device_get(states[roles[0]].step)) // updates_per_step
     remaining = max(steps - done, 0)
     try:
         if stage == "rft":
