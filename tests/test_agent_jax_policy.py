@@ -18,7 +18,7 @@ from agent.batching import BatchedSamplerPolicy  # noqa: E402
 from agent.chat import TokenizerAdapter  # noqa: E402
 from agent.config import AgentConfig  # noqa: E402
 from agent.demo_tokenizer import demo_tokenizer  # noqa: E402
-from agent.episode import Task, run_episodes  # noqa: E402
+from agent.episode import Task, run_episode, run_episodes  # noqa: E402
 
 
 @pytest.fixture
@@ -73,3 +73,39 @@ def test_jax_policy_episodes_batch_and_logprobs_line_up(episodes_dir):
         for i in agent_positions:
             assert traj.rollout_logprobs[i] == pytest.approx(float(recomputed[i - 1]), abs=2e-3), i
         assert all(traj.rollout_logprobs[i] == 0.0 for i, m in enumerate(traj.loss_mask) if not m)
+
+
+def test_trajectory_file_feeds_the_rft_filter(episodes_dir):
+    """The parquet the agent writes is what policy_jax's RFT stage reads and filters."""
+    from agent.policy import ScriptedPolicy
+    from agent.tool_calls import format_tool_call
+    from agent.trajectory import write_trajectories
+    from policy_jax.run_config import RFTConfig
+    from policy_jax.stages import read_trajectory_rows, rft_filter
+
+    tokenizer = TokenizerAdapter(demo_tokenizer())
+
+    class Verdicts:
+        async def submit(self, service, job, timeout=None):
+            if b"infra" in job["solution"]["files"]["model_new.py"]:
+                return {"status": "infra_error", "diagnostics": []}
+            return {"status": "correct", "speedup": {"compile": 1.5, "eager": 2.0}, "reward": 3}
+
+    def script(content, extra=()):
+        return [format_tool_call("Write", {"file_path": "model_new.py", "content": content}), *extra, format_tool_call("profile", {})]
+
+    scripts = [
+        script("# good\n"),
+        script("# good but sloppy\n", ['<tool_call>{"name": "Bash"}</tool_call>' + format_tool_call("Bash", {"command": "true"})]),
+        script("# infra\n"),
+        [format_tool_call("Bash", {"command": "ls"})] * 3 + script("# good, looping\n"),
+    ]
+    config = AgentConfig(max_turns=10)
+    results = [
+        asyncio.run(run_episode(Task("t", "x = 1\n"), ScriptedPolicy(s, tokenizer), tokenizer, config, Verdicts(), episodes_dir / str(i)))
+        for i, s in enumerate(scripts)
+    ]
+    path = write_trajectories(results, episodes_dir / "traj.parquet")
+    kept, rejected = rft_filter(read_trajectory_rows(path), RFTConfig())
+    assert len(kept) == 1 and kept[0]["tokens"] == results[0].trajectory.tokens
+    assert rejected == {"infrastructure_failure": 1, "reward": 0, "schema_violation": 1, "redundant_loop": 1, "no_agent_tokens": 0}
