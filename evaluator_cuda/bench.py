@@ -60,7 +60,10 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
     from .metrics import bench_metrics
     from .report import print_tables, write_reports
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=160)  # logs and pipes: do not squeeze the table to 80 columns
     begin = time.perf_counter()
     task_set = load_tasks(tasks_path)
     problems = [str(p) for p in task_set.problems]

@@ -9,7 +9,15 @@ from .metrics import FAST_P_THRESHOLDS
 
 
 def _us(times: dict | None) -> str:
-    return f"{times['median_us']:.1f}" if times else "-"
+    """A median time with its unit: 12.3 µs, 4.56 ms, 1.23 s."""
+    if not times:
+        return "-"
+    us = times["median_us"]
+    if us >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.2f} ms"
+    return f"{us:.1f} µs"
 
 
 def _x(value: float | None) -> str:
@@ -36,7 +44,7 @@ def row_cells(record: dict) -> list[str]:
     ]
 
 
-ROW_HEADERS = ["candidate", "status", "reward", "ours µs", "eager µs", "compile µs", "vs eager", "vs compile"]
+ROW_HEADERS = ["candidate", "status", "reward", "ours", "eager", "compile", "vs eager", "vs compile"]
 
 
 def summary_rows(metrics: dict) -> list[tuple[str, str, str]]:
@@ -52,13 +60,14 @@ def summary_rows(metrics: dict) -> list[tuple[str, str, str]]:
 
 
 def print_tables(console, records: list[dict], metrics: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="Candidates")
     for header in ROW_HEADERS:
-        table.add_column(header, justify="left" if header in ("candidate", "status") else "right")
+        table.add_column(header, justify="left" if header in ("candidate", "status") else "right", no_wrap=True)
     for record in records:
-        table.add_row(*row_cells(record))
+        table.add_row(*(escape(c) for c in row_cells(record)))
     console.print(table)
     summary = Table(title="Summary (one candidate per task)")
     for header, justify in (("metric", "left"), ("vs eager", "right"), ("vs compile", "right")):
