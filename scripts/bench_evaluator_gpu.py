@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Figures of the evaluator on a GPU (issue 2), in one call of well under 9 minutes.
 
-    python scripts/bench_evaluator_gpu.py [--only STEM ...] [--skip-pytest]
+    python scripts/bench_evaluator_gpu.py [--only STEM ...] [--with-pytest] [--budget-s 420]
 
 For every example under examples/solutions/cuda (honest and __wrong):
   1. cold compile through evaluator_cuda.build (fresh cache folder, all examples in parallel),
@@ -11,7 +11,7 @@ For every example under examples/solutions/cuda (honest and __wrong):
      verdict, reward, verify and profile wall times, candidate/eager/compile median µs;
   3. for the honest ones, the same three times taken by triton.testing.do_bench (median,
      L2 flushed by do_bench) in a separate process, side by side with ours.
-Then `pytest -m cuda tests/test_evaluator_*.py` when pytest is installed.
+With --with-pytest, then `pytest -m cuda tests/test_evaluator_*.py` (when pytest is installed).
 Prints a table at the end; with $OUT set, writes $OUT/bench_evaluator_gpu.json.
 Exit status 0 when every honest example is correct and every __wrong one incorrect (reward -1).
 """
@@ -70,7 +70,8 @@ def do_bench_child(task_path: str, solution_dir: str, so_path: str, out_path: st
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="*", default=None)
-    parser.add_argument("--skip-pytest", action="store_true")
+    parser.add_argument("--with-pytest", action="store_true", help="also run pytest -m cuda on tests/test_evaluator_*.py")
+    parser.add_argument("--budget-s", type=float, default=420.0, help="skip remaining do_bench runs past this many seconds")
     parser.add_argument("--do-bench", nargs=4, metavar=("TASK", "SOLUTION", "SO", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.do_bench:
@@ -123,7 +124,9 @@ def main() -> int:
             spread_ours_us=[(times.get("candidate") or {}).get("p25_us"), (times.get("candidate") or {}).get("p75_us")],
         )
         print(f"[{time.perf_counter() - begin:6.1f}s] {name}: {second['status']} reward {second['reward']} ({second['wall_s'].get('total')} s)", flush=True)
-        if "__" not in name and second["status"] == "correct":
+        if "__" not in name and second["status"] == "correct" and time.perf_counter() - begin > args.budget_s:
+            rows[name]["do_bench_error"] = f"skipped: past the {args.budget_s:.0f} s budget"
+        elif "__" not in name and second["status"] == "correct":
             with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
                 target = handle.name
             done = subprocess.run([sys.executable, __file__, "--do-bench", str(TASKS / f"{solution.stem}.py"), str(SOLUTIONS / name), cold[name].so_path, target],
@@ -135,7 +138,7 @@ def main() -> int:
                 rows[name]["do_bench_error"] = (done.stderr or done.stdout)[-500:]
 
     pytest_result = None
-    if not args.skip_pytest:
+    if args.with_pytest:
         try:
             import pytest  # noqa: F401
 
