@@ -62,7 +62,7 @@ class EpisodeResult:
     tool_failures: int
     schema_violations: int
     redundant_loop: bool
-    final_status: str  # the evaluator status of the final solution, or no_solution
+    final_status: str  # the evaluator status of the final solution, or no_solution / not_evaluated / policy_error
     reward: float | None
     best_speedup_vs_compile: float | None
     best_speedup_vs_eager: float | None
@@ -221,6 +221,10 @@ async def run_episode(
         reward = record_reward(final_record)
         if reward is None and not is_correct(final_record):
             reward = -1.0
+    if end_reason == "policy_error":
+        # The policy backend failed, not the agent: the episode is not scored (its partial
+        # solution is still graded above, for the transcript).
+        final_status, reward = "policy_error", None
     return EpisodeResult(
         task=task.name,
         trajectory=trajectory,

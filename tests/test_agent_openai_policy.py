@@ -119,6 +119,7 @@ def test_endpoint_failure_ends_the_episode_with_one_line(tokenizer, episodes_dir
     finally:
         server.close()
     assert result.end_reason == "policy_error" and result.turns == 0
+    assert result.final_status == "policy_error" and result.reward is None  # never scored as the agent's failure
     assert "HTTP 500" in result.error and "overloaded" in result.error and "\n" not in result.error
     with pytest.raises(PolicyError, match="unreachable"):
         asyncio.run(OpenAIChatPolicy("http://127.0.0.1:9/v1", "m", tokenizer, request_timeout=2).generate([1], 5, [2], messages=[]))
