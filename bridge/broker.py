@@ -109,7 +109,8 @@ class Broker:
         self.client_seen: dict[bytes, float] = {}  # client -> monotonic time of its last message
         self.outbox: list = []  # (identity, frames) to send after the journal commit
         self.completions: deque = deque()  # monotonic times of recent completions (throughput)
-        self.counters = {"accepted": 0, "completed": 0, "duplicates": 0, "busy": 0, "errors": 0, "requeued": 0}
+        self.counters = {"accepted": 0, "completed": 0, "duplicates": 0, "busy": 0, "errors": 0, "requeued": 0,
+                         "workers_registered": 0, "workers_reregistered": 0, "workers_lost": 0}
         self._restore()
         self._handlers = {
             Kind.SUBMIT: self._on_submit,
@@ -208,6 +209,7 @@ class Broker:
         worker = self.workers.pop(wid, None)
         if worker is None:
             return
+        self.counters["workers_lost"] += 1
         log.warning("worker %s %s: requeueing %d jobs", wid, why, len(worker.inflight))
         for jid in list(worker.inflight):
             job = self.jobs.get(jid)
@@ -447,8 +449,10 @@ class Broker:
         if worker is None:
             worker = WorkerState(wid, tuple(services), capabilities, capacity, time.monotonic())
             self.workers[wid] = worker
+            self.counters["workers_registered"] += 1
             log.info("worker %s registered for %s", wid, services)
         else:
+            self.counters["workers_reregistered"] += 1
             worker.services, worker.capabilities, worker.capacity = tuple(services), capabilities, capacity
             worker.last_seen = time.monotonic()
             for jid in list(worker.inflight - reported):

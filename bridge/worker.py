@@ -135,6 +135,7 @@ class WorkerSupervisor:
         self._send(Kind.READY, {"services": self.services, "capabilities": caps, "capacity": self.capacity,
                                 "inflight": self.held_ids()})
         self.registered = True
+        self.last_heard = time.monotonic()  # the broker's silence is counted from now (a child may start slowly)
 
     def _on_broker(self, frames: list) -> None:
         self.last_heard = time.monotonic()

@@ -207,3 +207,31 @@ def test_killed_worker_is_noticed_by_its_disconnect_long_before_heartbeats_run_o
         for proc in workers:
             stop(proc)
         stop(broker)
+
+
+def test_a_child_that_starts_slowly_does_not_make_its_worker_reconnect(tmp_path):
+    """Silence before registration is not the broker's fault: the first job must not be requeued."""
+    import multiprocessing
+
+    endpoint = free_tcp_endpoint()
+    broker = start_broker(endpoint, tmp_path / "journal.db")
+    worker = multiprocessing.get_context("spawn").Process(target=_run_slow_start_worker, args=(endpoint,))
+    try:
+        with BridgeClient(endpoint, settings=FAST_TEST_SETTINGS) as client:
+            future = client.submit_future("evaluate", {"n": 1}, timeout=30)  # queued before any worker exists
+            worker.start()
+            result = future.result(timeout=30)
+            status = client.status()
+        assert result["status"] == "correct"
+        counters = status["counters"]
+        assert counters["workers_registered"] == 1 and len(status["workers"]) == 1
+        assert counters["workers_reregistered"] == 0 and counters["workers_lost"] == 0 and counters["requeued"] == 0
+    finally:
+        stop(worker)
+        stop(broker)
+
+
+def _run_slow_start_worker(endpoint):
+    from bridge.worker import serve_worker
+
+    serve_worker(endpoint, ["evaluate"], "tests.bridge_slow_start:pid", FAST_TEST_SETTINGS.to_dict(), gpu="")
