@@ -12,6 +12,7 @@ artifact is exactly what a fresh build would give). Tests that must compile cold
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -141,6 +142,23 @@ SHAPES_BINDING = """
     torch::Tensor bad_alloc(int64_t n) { return torch::empty({n}, torch::kFloat32); }
     torch::Tensor wrong_type(torch::Tensor x) { return torch::empty({1}, x.options().dtype(x.data_ptr<double>() ? torch::kFloat64 : torch::kFloat64)); }
 
+    // Views: each returns a contiguous copy of a view so the test sees the view's values.
+    std::vector<torch::Tensor> views(torch::Tensor x) {
+      return {x.t().contiguous(), x.narrow(1, 1, 2).contiguous(), x.select(0, -1).contiguous(),
+              x.unsqueeze(1).contiguous(), x.transpose(0, -1).contiguous()};
+    }
+    torch::Tensor permuted(torch::Tensor x, std::vector<int64_t> dims) { return x.permute(dims).contiguous(); }
+
+    // scalar_t as AT_DISPATCH binds it: 100 * sizeof(scalar_t) + (1 if float)
+    int64_t dispatched(torch::Tensor x) {
+      return AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "dispatched", [&] {
+        return static_cast<int64_t>(sizeof(scalar_t)) * 100 + (std::is_same<scalar_t, float>::value ? 1 : 0);
+      });
+    }
+
+    REGISTER_BINDING(views, views);
+    REGISTER_BINDING(permuted, permuted);
+    REGISTER_BINDING(dispatched, dispatched);
     REGISTER_BINDING(outer, outer);
     REGISTER_BINDING(filled, filled);
     REGISTER_BINDING(row_sums, row_sums);
@@ -197,6 +215,23 @@ def test_allocation_lists_optionals_and_void_results(shapes_ext):
     torch.testing.assert_close(x, torch.full((3,), 4.0))
     assert shapes_ext.shape_of(torch.empty(2, 0, 5)) == [2, 0, 5]
     assert shapes_ext.dim_size(torch.empty(2, 9), -1) == 9
+
+
+def test_views_and_dispatch(shapes_ext):
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    expected = [x.t(), x.narrow(1, 1, 2), x.select(0, -1), x.unsqueeze(1), x.transpose(0, -1)]
+    for got, want in zip(shapes_ext.views(x), expected, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want.contiguous(), rtol=0, atol=0)
+    y = torch.randn(2, 3, 4)
+    torch.testing.assert_close(shapes_ext.permuted(y, [2, 0, 1]), y.permute(2, 0, 1).contiguous(), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="repeated dim"):
+        shapes_ext.permuted(y, [0, 0, 1])
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        t = torch.empty(1, dtype=dtype)
+        assert shapes_ext.dispatched(t) == 100 * t.element_size() + (dtype == torch.float32)
+    with pytest.raises(RuntimeError, match="\"dispatched\" not implemented for 'Int'"):
+        shapes_ext.dispatched(torch.empty(1, dtype=torch.int32))
 
 
 def test_binding_errors_become_python_exceptions(axpby_ext, shapes_ext):
@@ -559,3 +594,28 @@ def test_fast_and_full_torch_builds_give_identical_outputs(cache, tmp_path):
     expected = full.layernorm_forward(x, weight, bias, 1e-5)
     torch.testing.assert_close(fast.layernorm_forward(x, weight, bias, 1e-5), expected, rtol=0, atol=0)
     torch.testing.assert_close(expected, torch.nn.functional.layer_norm(x, (256,), weight, bias, 1e-5))
+
+
+def test_cli_reports_status_and_exit_code(cache, tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from evaluator_cuda.fastbuild.cli import register
+
+    app = typer.Typer()
+    register(app)
+
+    @app.command("noop")
+    def noop() -> None:  # a second command keeps typer in multi-command mode
+        pass
+
+    runner = CliRunner()
+    ws = workspace(tmp_path / "ok", {"kernels/axpby.cpp": AXPBY_KERNEL, "kernels/axpby_binding.cpp": AXPBY_BINDING})
+    done = runner.invoke(app, ["fast-build", str(ws), "--backend", "host", "--cache", str(cache), "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output)["status"] == "built"
+    bad = workspace(tmp_path / "bad", {"kernels/axpby.cpp": "int x = ;\n", "kernels/axpby_binding.cpp": AXPBY_BINDING})
+    failed = runner.invoke(app, ["fast-build", str(bad), "--backend", "host", "--cache", str(cache)])
+    assert failed.exit_code == 1 and "kernels/axpby.cpp:1:" in failed.output
+    missing = runner.invoke(app, ["fast-build", str(tmp_path / "nowhere"), "--backend", "host"])
+    assert missing.exit_code == 2 and "not a workspace folder" in missing.output

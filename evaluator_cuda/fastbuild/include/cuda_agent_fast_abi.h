@@ -58,6 +58,9 @@ typedef struct cuda_agent_abi {
   int32_t (*contiguous)(cuda_agent_tensor t, cuda_agent_tensor* out);
   int32_t (*view)(cuda_agent_tensor t, const int64_t* sizes, int64_t ndim, cuda_agent_tensor* out);
   int32_t (*reshape)(cuda_agent_tensor t, const int64_t* sizes, int64_t ndim, cuda_agent_tensor* out);
+  /* a view of t's storage with the given geometry (transpose, permute, narrow, select, unsqueeze, expand) */
+  int32_t (*as_strided)(cuda_agent_tensor t, const int64_t* sizes, const int64_t* strides, int64_t ndim,
+                        int64_t storage_offset, cuda_agent_tensor* out);
 
   /* CUDA context: the current stream of a device (-1 = current device), current device, set device */
   int32_t (*current_cuda_stream)(int32_t device_index, void** out_stream);

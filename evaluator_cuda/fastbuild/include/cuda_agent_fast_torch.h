@@ -537,6 +537,70 @@ class Tensor {
   }
   Tensor flatten() const { return reshape({-1}); }
 
+  // Views (no data moves): built from the tensor's geometry with as_strided.
+  Tensor as_strided(IntArrayRef sizes, IntArrayRef strides, optional<int64_t> offset = nullopt) const {
+    TORCH_CHECK(sizes.size() == strides.size(), "as_strided: sizes and strides differ in length");
+    cuda_agent_tensor out = nullptr;
+    cuda_agent::fast::check_status(cuda_agent::fast::abi().as_strided(
+        h(), sizes.data(), strides.data(), static_cast<int64_t>(sizes.size()), offset ? *offset : storage_offset(),
+        &out));
+    return adopt(out);
+  }
+  Tensor transpose(int64_t a, int64_t b) const {
+    std::vector<int64_t> sz = sizes().vec(), st = strides().vec();
+    std::swap(sz[wrap(a)], sz[wrap(b)]);
+    std::swap(st[wrap(a)], st[wrap(b)]);
+    return as_strided(sz, st);
+  }
+  Tensor t() const {
+    TORCH_CHECK(dim() <= 2, "t() expects a tensor with <= 2 dimensions, but self is ", dim(), "D");
+    return dim() < 2 ? *this : transpose(0, 1);
+  }
+  Tensor permute(IntArrayRef dims) const {
+    TORCH_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: number of dims don't match");
+    std::vector<int64_t> sz, st;
+    std::vector<bool> seen(dims.size(), false);
+    for (int64_t d : dims) {
+      size_t k = wrap(d);
+      TORCH_CHECK(!seen[k], "permute: repeated dim");
+      seen[k] = true;
+      sz.push_back(size(d));
+      st.push_back(stride(d));
+    }
+    return as_strided(sz, st);
+  }
+  Tensor unsqueeze(int64_t d) const {
+    int64_t n = dim() + 1;
+    TORCH_CHECK(d >= -n && d < n, "unsqueeze: dimension out of range");
+    size_t k = static_cast<size_t>(d < 0 ? d + n : d);
+    std::vector<int64_t> sz = sizes().vec(), st = strides().vec();
+    int64_t stride_here = k < sz.size() ? sz[k] * st[k] : 1;
+    sz.insert(sz.begin() + k, 1);
+    st.insert(st.begin() + k, stride_here);
+    return as_strided(sz, st);
+  }
+  Tensor narrow(int64_t d, int64_t start, int64_t length) const {
+    size_t k = wrap(d);
+    int64_t n = size(d);
+    if (start < 0) start += n;
+    TORCH_CHECK(start >= 0 && length >= 0 && start + length <= n, "start (", start, ") + length (", length,
+                ") exceeds dimension size (", n, ").");
+    std::vector<int64_t> sz = sizes().vec();
+    sz[k] = length;
+    return as_strided(sz, strides(), storage_offset() + start * stride(d));
+  }
+  Tensor select(int64_t d, int64_t index) const {
+    size_t k = wrap(d);
+    int64_t n = size(d);
+    TORCH_CHECK(index >= -n && index < n, "select(): index ", index, " out of range for tensor of size ",
+                sizes(), " at dimension ", d);
+    if (index < 0) index += n;
+    std::vector<int64_t> sz = sizes().vec(), st = strides().vec();
+    sz.erase(sz.begin() + k);
+    st.erase(st.begin() + k);
+    return as_strided(sz, st, storage_offset() + index * stride(d));
+  }
+
  private:
   cuda_agent_tensor h() const {
     if (!handle_) throw ::c10::Error("fast binding: operation on an undefined tensor");
@@ -663,3 +727,49 @@ namespace indexing {}
   CUDA_AGENT_FAST_DISPATCH(TYPE, NAME, CUDA_AGENT_FAST_CASE(Float, float, __VA_ARGS__)               \
                                            CUDA_AGENT_FAST_CASE(Double, double, __VA_ARGS__)          \
                                                CUDA_AGENT_FAST_CASE(Half, ::c10::Half, __VA_ARGS__))
+#define AT_DISPATCH_FLOATING_TYPES_AND(SCALARTYPE, TYPE, NAME, ...)                                      \
+  CUDA_AGENT_FAST_DISPATCH(TYPE, NAME, CUDA_AGENT_FAST_CASE(Float, float, __VA_ARGS__)                  \
+                                           CUDA_AGENT_FAST_CASE(Double, double, __VA_ARGS__)             \
+                                               CUDA_AGENT_FAST_EXTRA_CASE(SCALARTYPE, __VA_ARGS__))
+#define AT_DISPATCH_FLOATING_TYPES_AND2(SCALARTYPE1, SCALARTYPE2, TYPE, NAME, ...)                       \
+  CUDA_AGENT_FAST_DISPATCH(TYPE, NAME, CUDA_AGENT_FAST_CASE(Float, float, __VA_ARGS__)                  \
+                                           CUDA_AGENT_FAST_CASE(Double, double, __VA_ARGS__)             \
+                                               CUDA_AGENT_FAST_EXTRA_CASE(SCALARTYPE1, __VA_ARGS__)      \
+                                                   CUDA_AGENT_FAST_EXTRA_CASE(SCALARTYPE2, __VA_ARGS__))
+#define AT_DISPATCH_INTEGRAL_TYPES(TYPE, NAME, ...)                                                      \
+  CUDA_AGENT_FAST_DISPATCH(TYPE, NAME, CUDA_AGENT_FAST_CASE(Byte, uint8_t, __VA_ARGS__)                 \
+                           CUDA_AGENT_FAST_CASE(Char, int8_t, __VA_ARGS__)                               \
+                           CUDA_AGENT_FAST_CASE(Short, int16_t, __VA_ARGS__)                             \
+                           CUDA_AGENT_FAST_CASE(Int, int32_t, __VA_ARGS__)                               \
+                           CUDA_AGENT_FAST_CASE(Long, int64_t, __VA_ARGS__))
+#define AT_DISPATCH_ALL_TYPES(TYPE, NAME, ...)                                                           \
+  CUDA_AGENT_FAST_DISPATCH(TYPE, NAME, CUDA_AGENT_FAST_CASE(Byte, uint8_t, __VA_ARGS__)                 \
+                           CUDA_AGENT_FAST_CASE(Char, int8_t, __VA_ARGS__)                               \
+                           CUDA_AGENT_FAST_CASE(Short, int16_t, __VA_ARGS__)                             \
+                           CUDA_AGENT_FAST_CASE(Int, int32_t, __VA_ARGS__)                               \
+                           CUDA_AGENT_FAST_CASE(Long, int64_t, __VA_ARGS__)                              \
+                           CUDA_AGENT_FAST_CASE(Float, float, __VA_ARGS__)                               \
+                           CUDA_AGENT_FAST_CASE(Double, double, __VA_ARGS__))
+// A case for a ScalarType value given as an expression (at::kHalf, at::ScalarType::BFloat16, ...).
+#define CUDA_AGENT_FAST_EXTRA_CASE(SCALARTYPE, ...)                                         \
+  case SCALARTYPE: {                                                                        \
+    using scalar_t = typename ::cuda_agent::fast::CppTypeOf<SCALARTYPE>::type;              \
+    return __VA_ARGS__();                                                                   \
+  }
+
+namespace cuda_agent {
+namespace fast {
+template <c10::ScalarType S>
+struct CppTypeOf;
+template <> struct CppTypeOf<c10::ScalarType::Byte> { using type = uint8_t; };
+template <> struct CppTypeOf<c10::ScalarType::Char> { using type = int8_t; };
+template <> struct CppTypeOf<c10::ScalarType::Short> { using type = int16_t; };
+template <> struct CppTypeOf<c10::ScalarType::Int> { using type = int32_t; };
+template <> struct CppTypeOf<c10::ScalarType::Long> { using type = int64_t; };
+template <> struct CppTypeOf<c10::ScalarType::Half> { using type = c10::Half; };
+template <> struct CppTypeOf<c10::ScalarType::Float> { using type = float; };
+template <> struct CppTypeOf<c10::ScalarType::Double> { using type = double; };
+template <> struct CppTypeOf<c10::ScalarType::Bool> { using type = bool; };
+template <> struct CppTypeOf<c10::ScalarType::BFloat16> { using type = c10::BFloat16; };
+}  // namespace fast
+}  // namespace cuda_agent

@@ -110,6 +110,14 @@ int32_t abi_reshape(cuda_agent_tensor t, const int64_t* sizes, int64_t ndim, cud
   return guarded([&] { *out = own(as_tensor(t)->reshape(c10::IntArrayRef(sizes, ndim))); });
 }
 
+int32_t abi_as_strided(cuda_agent_tensor t, const int64_t* sizes, const int64_t* strides, int64_t ndim,
+                       int64_t storage_offset, cuda_agent_tensor* out) {
+  return guarded([&] {
+    *out = own(as_tensor(t)->as_strided(c10::IntArrayRef(sizes, ndim), c10::IntArrayRef(strides, ndim),
+                                        storage_offset));
+  });
+}
+
 int32_t abi_current_cuda_stream(int32_t device_index, void** out_stream) {
 #ifdef CUDA_AGENT_WITH_CUDA
   return guarded([&] {
@@ -165,6 +173,7 @@ const cuda_agent_abi g_abi = {
     abi_contiguous,
     abi_view,
     abi_reshape,
+    abi_as_strided,
     abi_current_cuda_stream,
     abi_current_cuda_device,
     abi_set_cuda_device,
