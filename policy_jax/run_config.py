@@ -22,6 +22,7 @@ from policy_jax.rl.masked import LOSS_AGGREGATIONS
 
 LR_SCHEDULES = ("constant", "warmup_constant", "warmup_cosine")
 LOGPROB_PRECISIONS = ("fp32", "bf16")
+OLD_LOGPROB_SOURCES = ("recompute", "rollout")
 
 
 class RunConfigError(ValueError):
@@ -71,8 +72,13 @@ class PPOConfig:
     epochs: int = 1
     mini_batch_size: int = 1024
     logprob_precision: str = "fp32"
+    # "recompute": pi_old is the trainer's own recomputation (the paper's fix, §8); "rollout": pi_old is
+    # the sampler's log-probs (the ablation arm that shows "phantom clipping"; TIS weights are then 1).
+    old_logprobs: str = "recompute"
 
     def __post_init__(self):
+        if self.old_logprobs not in OLD_LOGPROB_SOURCES:
+            raise RunConfigError(f"ppo.old_logprobs {self.old_logprobs!r}: expected one of {OLD_LOGPROB_SOURCES}")
         if self.loss_aggregation not in LOSS_AGGREGATIONS:
             raise RunConfigError(f"ppo.loss_aggregation {self.loss_aggregation!r}: expected one of {LOSS_AGGREGATIONS}")
         if self.logprob_precision not in LOGPROB_PRECISIONS:

@@ -268,7 +268,8 @@ def ppo_rollout_inputs(actor: TrainState, critic: TrainState, tb: TrajectoryBatc
                        objective: ActorObjective) -> tuple[PolicyBatch, ValueBatch, dict[str, jax.Array]]:
     """Everything PPO needs from one rollout batch, before any update: old log-probs recomputed by the
     trainer, values, GAE advantages (whitened if configured), truncated IS weights, and the
-    sampler-vs-trainer diagnostics. Pure; jit it."""
+    sampler-vs-trainer diagnostics (ratio = p_trainer / p_sampler, bucketed by the trainer's probability).
+    With `ppo.old_logprobs: rollout`, pi_old is the sampler's log-probs instead (ablation). Pure; jit it."""
     ppo = cfg.ppo
     mask_bt = tb.action_mask_bt
     old_logp_bt, entropy_bt = policy_logprobs(actor.module(), _policy_batch(tb), objective)
@@ -277,10 +278,15 @@ def ppo_rollout_inputs(actor: TrainState, critic: TrainState, tb: TrajectoryBatc
     if ppo.whiten_advantages:
         advantages_bt = whiten_advantages(advantages_bt, mask_bt)
     rollout_logp_bt = tb.rollout_action_logprobs_bt
-    weights_bt = truncated_is_weights(old_logp_bt, rollout_logp_bt, ppo.tis_cap) if ppo.tis_cap is not None else None
-    diagnostics = rollout_mismatch_metrics(old_logp_bt, rollout_logp_bt, mask_bt, ppo.tis_cap or float("inf"))
-    ratio_bt = jnp.exp(jnp.clip(old_logp_bt - rollout_logp_bt, -20.0, 20.0))
-    buckets = ratio_stats_by_probability(ratio_bt, jnp.exp(old_logp_bt), mask_bt, ppo.clip_low, ppo.clip_high)
+    trainer_logp_bt = old_logp_bt
+    diagnostics = rollout_mismatch_metrics(trainer_logp_bt, rollout_logp_bt, mask_bt, ppo.tis_cap or float("inf"))
+    ratio_bt = jnp.exp(jnp.clip(trainer_logp_bt - rollout_logp_bt, -20.0, 20.0))
+    buckets = ratio_stats_by_probability(ratio_bt, jnp.exp(trainer_logp_bt), mask_bt, ppo.clip_low, ppo.clip_high)
+    if ppo.old_logprobs == "rollout":
+        old_logp_bt = rollout_logp_bt * mask_bt
+        weights_bt = None
+    else:
+        weights_bt = truncated_is_weights(old_logp_bt, rollout_logp_bt, ppo.tis_cap) if ppo.tis_cap is not None else None
     diagnostics.update({f"ratio_bucket_{k}": v for k, v in buckets.items()})
     diagnostics["reward_mean"] = jnp.mean(tb.reward_b)
     diagnostics["old_entropy"] = jnp.sum(entropy_bt * mask_bt) / jnp.maximum(jnp.sum(mask_bt), 1.0)

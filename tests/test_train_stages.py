@@ -1,5 +1,6 @@
 """Stage plumbing: RFT's rejection filter, resumable batches, trajectory files, run configs, PPO's rollout inputs."""
 
+import dataclasses
 import math
 
 import jax
@@ -129,6 +130,12 @@ def test_ppo_rollout_inputs_when_the_sampler_agrees_with_the_trainer():
     assert float(np.asarray(diag["ratio_bucket_count"]).sum()) == mask.sum()
     adv = np.asarray(policy.advantages_bt)
     assert abs(adv[mask].mean()) < 1e-4 and adv[mask].std() == pytest.approx(1.0, abs=1e-3)
+    # Ablation arm: pi_old taken from the sampler, no TIS weights; the diagnostics still compare the two.
+    rollout_arm = dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, old_logprobs="rollout"))
+    policy_r, _, _ = jax.jit(lambda a, c, b: ppo_rollout_inputs(a, c, b, rollout_arm, objective))(
+        actor, critic, to_device(tb, mesh))
+    np.testing.assert_array_equal(np.asarray(policy_r.old_logp_bt), np.asarray(tb.rollout_action_logprobs_bt) * mask)
+    assert policy_r.token_weights_bt is None
     # gamma = 1: the value target on each row's last agent action is exactly the outcome reward.
     returns = np.asarray(value.returns_bt)
     for i in range(8):
