@@ -310,10 +310,11 @@ class Broker:
             share = math.ceil(len(queue) / len(workers))
             for worker in sorted(workers, key=lambda w: -w.free):
                 items, payloads = [], []
-                for _ in range(min(worker.free, share)):
-                    if not queue:
-                        break
-                    job = self.jobs[queue.popleft()]
+                want = min(worker.free, share)
+                while queue and len(items) < want:
+                    job = self.jobs.get(queue.popleft())
+                    if job is None or job.worker is not None:
+                        continue  # finished or taken meanwhile (defensive: the queue should not hold it)
                     job.worker = worker.id
                     worker.inflight.add(job.id)
                     items.append(protocol.attach({"id": job.id, "service": job.service, "attempt": job.attempts + 1,

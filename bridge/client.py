@@ -204,7 +204,9 @@ class BridgeClient:
                     _resolve(future, protocol.infra_error("bridge client closed before the result arrived"))
             for future in self._status_waiters:
                 _resolve(future, None)
-            self._socket.close(linger=0)
+            if self._acks:
+                self._send(Kind.ACK, {"ids": self._acks})
+            self._socket.close(linger=200)  # let the last acknowledgements leave
             context.term()
 
     def _poll_timeout_ms(self) -> float:

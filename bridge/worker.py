@@ -99,7 +99,7 @@ class WorkerSupervisor:
     # ------------------------------------------------------------------ broker link
     def _connect(self) -> None:
         if self.socket is not None:
-            self.socket.close(linger=0)
+            self.socket.close(linger=100)  # give results already sent a moment to leave
         sock = self.context.socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, self.identity)
         sock.setsockopt(zmq.LINGER, 0)
