@@ -21,6 +21,15 @@ STATUSES = ("compile_error", "runtime_error", "incorrect", "correct", "infra_err
 SCORED = ("compile_error", "runtime_error", "incorrect", "correct")
 
 
+def _project_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("cuda-agent")
+    except Exception:
+        return None
+
+
 def new_record(task_name: str, candidate: str, solution_format: str, settings) -> dict:
     return {
         "record_version": RECORD_VERSION,
@@ -42,7 +51,7 @@ def new_record(task_name: str, candidate: str, solution_format: str, settings) -
         "tolerance": {"atol": settings.atol, "rtol": settings.rtol},
         "margin": settings.margin,
         "torch_blocked": settings.block_torch,
-        "versions": {"python": platform.python_version()},
+        "versions": {"python": platform.python_version(), "cuda_agent": _project_version()},
         "device": None,
     }
 
