@@ -137,14 +137,14 @@ def register(app: typer.Typer) -> None:
         """Run evaluator workers: a torch-free supervisor per GPU, each with one evaluation child."""
         import logging
 
-        from bridge.fleet import default_handler, run_fleet, worker_slots
+        from bridge.fleet import handlers_for, run_fleet, worker_slots
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s fleet %(levelname)s %(message)s")
         if capacity < 1:
             _fail("--capacity must be at least 1")
         try:
             slots = worker_slots(gpus, count)
-            handler_spec = handler or default_handler(service[0])
+            handler_spec = handlers_for(list(service), handler)
         except ValueError as exc:
             _fail(str(exc))
         if gpus and "compile" in service and "evaluate" not in service:

@@ -7,10 +7,10 @@ msgpack only (``Connection.send_bytes``, never pickled objects):
   child -> supervisor  ["ready", capabilities]          once the handler is imported
                        ["fatal", one-line error]         the handler cannot be imported
                        ["result", job id, recycle, result body]
-  supervisor -> child  [[job id, job body], ...]         jobs to run in order
+  supervisor -> child  [[job id, service, job body], ...]   jobs to run in order
 
 A handler is ``module:function`` taking the job dict and returning a result dict with a
-``status``. If the result carries ``needs_recycle: true`` (e.g. the CUDA context hit a sticky
+``status``; a worker serving several services has one handler per service. If the result carries ``needs_recycle: true`` (e.g. the CUDA context hit a sticky
 error) or the handler raised, the child reports and exits; the supervisor starts a fresh one.
 The module may define ``capabilities() -> dict`` (GPU name, torch version) for registration.
 """
@@ -75,7 +75,17 @@ def run_job(handler, body: bytes) -> tuple[dict, bool]:
         return protocol.infra_error(f"handler raised {type(exc).__name__}: {exc}"[:2000]), True
 
 
-def child_main(conn, handler_spec: str, parent_pid: int) -> None:
+def load_handlers(specs: dict) -> tuple[dict, dict]:
+    """{service: "module:function"} -> ({service: function}, capabilities of the first module that has them)."""
+    handlers, caps = {}, None
+    for service, spec in specs.items():
+        handlers[service], capabilities = load_handler(spec)
+        if caps is None and capabilities is not None:
+            caps = dict(capabilities())
+    return handlers, caps or {}
+
+
+def child_main(conn, handler_specs: dict, parent_pid: int) -> None:
     """Entry point of the spawned child."""
     try:
         os.setpgid(0, 0)  # own process group: the supervisor kills compilers we started, too
@@ -83,21 +93,25 @@ def child_main(conn, handler_spec: str, parent_pid: int) -> None:
         pass
     _die_with_parent(parent_pid)
     try:
-        handler, capabilities = load_handler(handler_spec)
-        caps = dict(capabilities()) if capabilities else {}
+        handlers, caps = load_handlers(handler_specs)
     except Exception as exc:
-        conn.send_bytes(msgpack.packb(["fatal", f"cannot load handler {handler_spec}: {exc}"]))
+        specs = ", ".join(sorted(set(handler_specs.values())))
+        conn.send_bytes(msgpack.packb(["fatal", f"cannot load handler {specs}: {exc}"]))
         return
     caps.setdefault("python", sys.version.split()[0])
-    caps.setdefault("handler", handler_spec)
+    caps.setdefault("handlers", dict(handler_specs))
     conn.send_bytes(msgpack.packb(["ready", caps], use_bin_type=True))
     while True:
         try:
             batch = msgpack.unpackb(conn.recv_bytes(), raw=False)
         except (EOFError, OSError):
             return
-        for jid, body in batch:
-            result, recycle = run_job(handler, body)
+        for jid, service, body in batch:
+            handler = handlers.get(service)
+            if handler is None:
+                result, recycle = protocol.infra_error(f"this worker has no handler for service {service!r}"), False
+            else:
+                result, recycle = run_job(handler, body)
             try:
                 packed = protocol.pack_body(result)
             except protocol.ProtocolError as exc:

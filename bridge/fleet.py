@@ -31,6 +31,11 @@ def default_handler(service: str) -> str:
     return HANDLERS[service]
 
 
+def handlers_for(services: list, handler: str | None) -> dict:
+    """{service: "module:function"}: the one given for all services, else each service's default."""
+    return {s: handler or default_handler(s) for s in services}
+
+
 def worker_slots(gpus: str | None, count: int) -> list[str]:
     """The CUDA_VISIBLE_DEVICES value of each worker: one per listed GPU, or ``count`` times ""."""
     if gpus:
@@ -56,7 +61,7 @@ def _supervisor_main(endpoint, services, handler, settings, gpu, capacity, curve
         sys.exit(2)
 
 
-def run_fleet(endpoint: str, services: list, handler: str, settings: dict, slots: list, capacity: int = 1,
+def run_fleet(endpoint: str, services: list, handler, settings: dict, slots: list, capacity: int = 1,
               curve=None) -> int:
     """Run one supervisor per slot until SIGTERM; returns the exit code for the command."""
     context = multiprocessing.get_context("spawn")

@@ -45,24 +45,24 @@ class WorkerExit(RuntimeError):
 class _Child:
     """One evaluation child and the jobs sent to it (the first is running)."""
 
-    def __init__(self, handler_spec: str):
+    def __init__(self, handler_specs: dict):
         context = multiprocessing.get_context("spawn")
         self.conn, child_end = context.Pipe(duplex=True)
         self.process = context.Process(
-            target=child_main, args=(child_end, handler_spec, os.getpid()), daemon=True, name="evaluation-child"
+            target=child_main, args=(child_end, handler_specs, os.getpid()), daemon=True, name="evaluation-child"
         )
         self.process.start()
         child_end.close()
         self.ready = False
         self.capabilities: dict = {}
-        self.jobs: deque = deque()  # (id, body, time_limit) in the order sent
+        self.jobs: deque = deque()  # (id, body, time_limit, service) in the order sent
         self.head_started = 0.0
 
     def send(self, jobs: list) -> None:
         if not self.jobs:
             self.head_started = time.monotonic()
         self.jobs.extend(jobs)
-        self.conn.send_bytes(msgpack.packb([[j[0], j[1]] for j in jobs], use_bin_type=True))
+        self.conn.send_bytes(msgpack.packb([[j[0], j[3], j[1]] for j in jobs], use_bin_type=True))
 
     def kill(self) -> None:
         if self.process.is_alive():
@@ -75,11 +75,15 @@ class _Child:
 
 
 class WorkerSupervisor:
-    def __init__(self, endpoint: str, services, handler: str, settings: BridgeSettings = BridgeSettings(),
+    def __init__(self, endpoint: str, services, handler, settings: BridgeSettings = BridgeSettings(),
                  capacity: int = 1, curve=None, name: str | None = None):
+        """``handler``: one "module:function" for every service, or {service: "module:function"}."""
         self.endpoint = endpoint
         self.services = [services] if isinstance(services, str) else list(services)
-        self.handler = handler
+        self.handlers = dict(handler) if isinstance(handler, dict) else {s: handler for s in self.services}
+        missing = [s for s in self.services if s not in self.handlers]
+        if missing:
+            raise WorkerExit(f"no handler given for service(s) {', '.join(missing)}")
         self.settings = settings
         self.capacity = capacity
         self.curve = curve
@@ -146,7 +150,8 @@ class WorkerSupervisor:
             return
         if message.kind == Kind.JOBS:
             for item in protocol.items_of(message, ("id",)):
-                self.waiting.append((item["id"], protocol.payload_of(message, item), item.get("time_limit")))
+                self.waiting.append((item["id"], protocol.payload_of(message, item), item.get("time_limit"),
+                                     item.get("service", self.services[0])))
         elif message.kind == Kind.REREGISTER:
             if self.child is not None and self.child.ready:
                 self._register()
@@ -155,7 +160,7 @@ class WorkerSupervisor:
 
     # ------------------------------------------------------------------ child management
     def _start_child(self) -> None:
-        self.child = _Child(self.handler)
+        self.child = _Child(self.handlers)
 
     def _recycle(self, reason: str | None) -> None:
         """Kill the child; report its running job as failed (if reason) and keep the rest."""
@@ -282,7 +287,7 @@ class WorkerSupervisor:
             self.context.term()
 
 
-def serve_worker(endpoint: str, services, handler: str, settings: BridgeSettings | dict | None = None,
+def serve_worker(endpoint: str, services, handler, settings: BridgeSettings | dict | None = None,
                  gpu: str | None = None, capacity: int = 1, curve=None, name: str | None = None) -> None:
     """Run one worker until SIGTERM (drain) or a second SIGTERM (stop now).
 

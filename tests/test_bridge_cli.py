@@ -113,3 +113,13 @@ def test_keys_generate_command(tmp_path):
     out = CliRunner().invoke(_app(), ["keys", "generate", str(tmp_path / "k")])
     assert out.exit_code == 0
     assert (tmp_path / "k" / "broker.key_secret").is_file() and (tmp_path / "k" / "authorized" / "worker.key").is_file()
+
+
+def test_worker_slots_and_default_handlers():
+    from bridge.fleet import handlers_for, worker_slots
+
+    assert worker_slots("0,1, 3", 1) == ["0", "1", "3"]  # one worker per GPU, each its own CUDA_VISIBLE_DEVICES
+    assert worker_slots(None, 3) == ["", "", ""]  # CPU workers see no GPU
+    assert handlers_for(["evaluate", "compile"], None) == {
+        "evaluate": "evaluator_cuda.bridge_handlers:evaluate", "compile": "evaluator_cuda.bridge_handlers:compile"}
+    assert handlers_for(["noop"], "bridge.diagnostic_handlers:noop") == {"noop": "bridge.diagnostic_handlers:noop"}

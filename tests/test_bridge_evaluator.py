@@ -18,9 +18,12 @@ SETTINGS = dataclasses.replace(FAST_TEST_SETTINGS, heartbeat_s=0.2)
 
 
 def _evaluator_worker(endpoint, settings):
+    from bridge.fleet import handlers_for
     from bridge.worker import serve_worker
 
-    serve_worker(endpoint, ["evaluate"], "evaluator_cuda.bridge_handlers:evaluate", settings, gpu="")
+    # One worker, both services, each with its default handler (as `cuda-agent worker --service
+    # evaluate --service compile` sets it up).
+    serve_worker(endpoint, ["evaluate", "compile"], handlers_for(["evaluate", "compile"], None), settings, gpu="")
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +66,9 @@ def test_worker_registers_torch_version_and_no_gpu(evaluator_fleet):
     import torch
 
     _, status = evaluator_fleet
-    caps = status["workers"][0]["capabilities"]
+    worker = status["workers"][0]
+    assert sorted(worker["services"]) == ["compile", "evaluate"]
+    caps = worker["capabilities"]
     assert caps["torch"] == torch.__version__
     assert caps["cuda_visible_devices"] == "" and caps["gpu"] is None
 
@@ -92,3 +97,16 @@ def test_reference_self_check_on_host_matches_a_direct_evaluation(evaluator_flee
     direct = evaluate_job(job)
     assert through_bridge["status"] == direct["status"] == "correct"
     assert through_bridge["task"] == direct["task"] == "row_softmax"
+
+
+def test_compile_service_reaches_compile_job(evaluator_fleet):
+    from evaluator_cuda.service import compile_job
+
+    client, _ = evaluator_fleet
+    kernelbench = {"task": {"name": "t", "source": "x = 1\n"},
+                   "solution": {"format": "kernelbench", "files": {"model_new.py": b"class ModelNew: pass\n"}},
+                   "settings": {"backend": "host"}}
+    bad = {"task": {"name": "t"}, "solution": {}, "settings": {"backend": "host"}}
+    results = client.run_batch("compile", [kernelbench, bad], timeout=120)
+    assert results == [compile_job(kernelbench), compile_job(bad)]
+    assert [r["status"] for r in results] == ["built", "infra_error"]
