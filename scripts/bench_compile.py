@@ -143,14 +143,18 @@ def bench_kernelbench(backend: str, work: Path) -> dict:
     build = work / "kernelbench"
     build.mkdir()
     name = f"kb_axpby_{uuid.uuid4().hex[:8]}"
-    kwargs = dict(name=name, cpp_sources=["torch::Tensor axpby(torch::Tensor x, torch::Tensor y, double a, double b);"],
-                  functions=["axpby"], build_directory=str(build), extra_cflags=["-O3"], verbose=False)
-    if backend == "cuda":
-        kwargs.update(cuda_sources=[KERNELBENCH_CUDA], extra_cuda_cflags=["-O3", "--use_fast_math"])
-    else:
-        kwargs["cpp_sources"] = [KERNELBENCH_HOST]
-    cold, module = timed(lambda: load_inline(**kwargs))
-    cached, _ = timed(lambda: load_inline(**kwargs))
+
+    def kwargs() -> dict:  # fresh lists per call: load_inline edits the source lists it is given
+        args = dict(name=name, cpp_sources=["torch::Tensor axpby(torch::Tensor x, torch::Tensor y, double a, double b);"],
+                    functions=["axpby"], build_directory=str(build), extra_cflags=["-O3"], verbose=False)
+        if backend == "cuda":
+            args.update(cuda_sources=[KERNELBENCH_CUDA], extra_cuda_cflags=["-O3", "--use_fast_math"])
+        else:
+            args["cpp_sources"] = [KERNELBENCH_HOST]
+        return args
+
+    cold, module = timed(lambda: load_inline(**kwargs()))
+    cached, _ = timed(lambda: load_inline(**kwargs()))
     return {"cold_s": cold, "cached_s": cached, "module": module}
 
 

@@ -377,7 +377,29 @@ def test_library_exports_only_the_fast_entry_points(axpby_ext):
     assert is_fast_extension(so)
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True).stdout
     exported = {line.split()[-1] for line in symbols.splitlines() if line.strip()}
-    assert exported == {"cuda_agent_fast_attach", "cuda_agent_fast_bindings", "cuda_agent_fast_free_result"}
+    assert exported == {"cuda_agent_fast_attach", "cuda_agent_fast_bindings", "cuda_agent_fast_free_result",
+                        "PyInit_cuda_extension"}
+
+
+def test_fast_library_imports_like_a_torch_extension(axpby_ext, tmp_path):
+    """A fresh interpreter imports the fast library with importlib's ExtensionFileLoader, as for a torch build."""
+    code = textwrap.dedent(f"""
+        import importlib.machinery, importlib.util, sys
+        import torch
+        so = {axpby_ext.__file__!r}
+        loader = importlib.machinery.ExtensionFileLoader("cuda_extension", so)
+        spec = importlib.util.spec_from_file_location("cuda_extension", so, loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["cuda_extension"] = module
+        import cuda_extension
+        x = torch.arange(4, dtype=torch.float32)
+        out, prod = cuda_extension.axpby(x, x, 3.0, 2)
+        print(out.tolist(), prod.tolist(), module.__file__ == so)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[0] == "[0.0, 4.0, 8.0, 12.0] [0.0, 2.0, 8.0, 18.0] True"
 
 
 def test_full_torch_extension_is_not_a_fast_extension(tmp_path):

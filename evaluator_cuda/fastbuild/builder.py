@@ -48,7 +48,8 @@ HARNESS_REL = "<harness>/fast_module.cpp"
 HEADER_SUFFIXES = (".h", ".cuh", ".hpp", ".inl")
 HARNESS_FILES = ("binding.cpp", "binding_registry.h")  # a workspace copy of the harness is never compiled
 SO_NAME = "cuda_extension.so"
-EXPORTED_SYMBOLS = ("cuda_agent_fast_attach", "cuda_agent_fast_bindings", "cuda_agent_fast_free_result")
+EXPORTED_SYMBOLS = ("cuda_agent_fast_attach", "cuda_agent_fast_bindings", "cuda_agent_fast_free_result",
+                    "PyInit_cuda_extension")
 DEFAULT_COMPILE_TIMEOUT_S = 300.0
 _PCH_LOCK = threading.Lock()
 
@@ -336,7 +337,7 @@ def build_fast(
         version_script.write_text("{ global: " + "; ".join(EXPORTED_SYMBOLS) + "; local: *; };\n")
         tmp_so = stage / SO_NAME
         cmd = [toolchain.cxx, "-shared", "-o", str(tmp_so), *[o["object"] for o in outcomes],
-               f"-Wl,--version-script={version_script}", "-Wl,--no-undefined", *libs]
+               f"-Wl,--version-script={version_script}", "-Wl,--no-undefined", *libs, "-ldl"]
         t0 = time.perf_counter()
         code, text = _run(cmd, stage, timeout_s)
         report.append({"file": "<link>", "seconds": time.perf_counter() - t0, "cache_hit": False})

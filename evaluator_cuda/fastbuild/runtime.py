@@ -4,12 +4,18 @@
 the first time (≈15–30 s; cached under a key of the runtime source, the ABI header, torch, CUDA and
 Python versions) and imports it. Call it once when a worker starts, before candidates are loaded.
 `load_fast_extension(so_path)` attaches a fast-built library to the runtime and registers the module
-`cuda_extension` in sys.modules, so `import cuda_extension` in model_new.py finds it.
+`cuda_extension` in sys.modules, so `import cuda_extension` in model_new.py finds it. A fast-built library
+also imports like a torch-built extension (importlib's ExtensionFileLoader, or `import cuda_extension` on
+sys.path): its PyInit_cuda_extension calls extension_module_for() below.
+
+$CUDA_AGENT_BINDING_RUNTIME, when set, names the built runtime .so to load (a sandboxed child that cannot see
+the worker's cache folder, or a runtime built elsewhere).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import types
 from pathlib import Path
@@ -21,6 +27,7 @@ RUNTIME_SOURCE = Path(__file__).parent / "runtime" / "binding_runtime.cpp"
 ABI_HEADER = Path(__file__).parent / "include" / "cuda_agent_fast_abi.h"
 FAST_ENTRY_SYMBOL = b"cuda_agent_fast_attach"
 RUNTIME_BUILDER_VERSION = "1"
+RUNTIME_ENV = "CUDA_AGENT_BINDING_RUNTIME"
 
 
 def runtime_key() -> str:
@@ -63,8 +70,13 @@ def ensure_binding_runtime(cache_dir: Path | str | None = None, verbose: bool = 
     if RUNTIME_NAME in sys.modules:
         _RUNTIME = sys.modules[RUNTIME_NAME]
         return _RUNTIME
-    import torch
+    import torch  # noqa: F401  (the runtime links against torch's libraries: load them first)
 
+    override = os.environ.get(RUNTIME_ENV)
+    if override:
+        _RUNTIME = _import_built(Path(override))
+        sys.modules[RUNTIME_NAME] = _RUNTIME
+        return _RUNTIME
     build_dir = runtime_dir(cache_dir)
     built = build_dir / f"{RUNTIME_NAME}.so"
     if built.exists():
@@ -93,15 +105,18 @@ def is_fast_extension(so: Path | str | bytes) -> bool:
     return FAST_ENTRY_SYMBOL in data
 
 
+def extension_module_for(so_path: str, module_name: str = "cuda_extension") -> types.ModuleType:
+    """The extension module object of a fast-built library (what its PyInit_cuda_extension returns)."""
+    module = ensure_binding_runtime().extension_module(str(so_path), module_name)
+    module.__file__ = str(so_path)
+    return module
+
+
 def load_fast_extension(so_path: Path | str, module_name: str = "cuda_extension",
                         cache_dir: Path | str | None = None) -> types.ModuleType:
     """Attach a fast-built library and register it as `module_name` in sys.modules (runs its static initialisers)."""
-    runtime = ensure_binding_runtime(cache_dir)
-    bindings = runtime.load_library(str(so_path))
-    module = types.ModuleType(module_name, "Custom kernels of one CUDA-Agent workspace (fast build)")
-    module.__file__ = str(so_path)
-    for name, binding in bindings.items():
-        setattr(module, name, binding)
+    ensure_binding_runtime(cache_dir)
+    module = extension_module_for(str(so_path), module_name)
     sys.modules[module_name] = module
     return module
 

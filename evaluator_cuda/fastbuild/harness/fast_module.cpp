@@ -1,5 +1,9 @@
 // fast_module.cpp -- part of the fast build harness, linked into every fast-built candidate library.
-// Exports the three entry points the binding runtime looks up with dlsym (the fast build's binding.cpp).
+// Exports the three entry points the binding runtime looks up with dlsym (the fast build's binding.cpp), and
+// PyInit_cuda_extension, so the library also imports like the torch-built extension (`import cuda_extension`,
+// importlib's ExtensionFileLoader): it asks evaluator_cuda.fastbuild.runtime for the module object.
+#include <dlfcn.h>
+
 #include "binding_registry.h"
 
 #define CUDA_AGENT_EXPORT extern "C" __attribute__((visibility("default")))
@@ -31,4 +35,28 @@ CUDA_AGENT_EXPORT void cuda_agent_fast_free_result(cuda_agent_value* result) {
   result->ints = nullptr;
   result->t = nullptr;
   result->count = 0;
+}
+
+// The CPython entry point, without Python.h: the few C-API functions are looked up in the running interpreter.
+CUDA_AGENT_EXPORT void* PyInit_cuda_extension() {
+  using import_fn = void* (*)(const char*);
+  using call_method_fn = void* (*)(void*, const char*, const char*, ...);
+  using decref_fn = void (*)(void*);
+  using set_string_fn = void (*)(void*, const char*);
+  auto import_module = reinterpret_cast<import_fn>(dlsym(RTLD_DEFAULT, "PyImport_ImportModule"));
+  auto call_method = reinterpret_cast<call_method_fn>(dlsym(RTLD_DEFAULT, "PyObject_CallMethod"));
+  auto decref = reinterpret_cast<decref_fn>(dlsym(RTLD_DEFAULT, "Py_DecRef"));
+  auto set_string = reinterpret_cast<set_string_fn>(dlsym(RTLD_DEFAULT, "PyErr_SetString"));
+  void** import_error = reinterpret_cast<void**>(dlsym(RTLD_DEFAULT, "PyExc_ImportError"));
+  if (!import_module || !call_method || !decref) return nullptr;
+  Dl_info self;
+  if (!dladdr(reinterpret_cast<void*>(&cuda_agent_fast_attach), &self) || !self.dli_fname) {
+    if (set_string && import_error) set_string(*import_error, "fast extension: cannot find its own path");
+    return nullptr;
+  }
+  void* runtime = import_module("evaluator_cuda.fastbuild.runtime");
+  if (!runtime) return nullptr;  // the ImportError is already set
+  void* module = call_method(runtime, "extension_module_for", "s", self.dli_fname);
+  decref(runtime);
+  return module;  // a new reference, or NULL with the Python error set
 }

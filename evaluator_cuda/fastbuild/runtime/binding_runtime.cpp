@@ -399,9 +399,7 @@ PyTypeObject FastBindingType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
 // ---- module functions ------------------------------------------------------------------------------------------
 
-PyObject* load_library(PyObject*, PyObject* args) {
-  const char* path = nullptr;
-  if (!PyArg_ParseTuple(args, "s", &path)) return nullptr;
+PyObject* bindings_of_library(const char* path) {
   void* handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
     PyErr_Format(PyExc_ImportError, "cannot load fast extension %s: %s", path, dlerror());
@@ -441,6 +439,28 @@ PyObject* load_library(PyObject*, PyObject* args) {
   return result;
 }
 
+PyObject* load_library(PyObject*, PyObject* args) {
+  const char* path = nullptr;
+  if (!PyArg_ParseTuple(args, "s", &path)) return nullptr;
+  return bindings_of_library(path);
+}
+
+// A real extension module object (created from a PyModuleDef, as CPython's extension loader requires of what
+// PyInit_* returns) holding the library's bindings. The def lives as long as the process, like a static one.
+PyObject* extension_module(PyObject*, PyObject* args) {
+  const char* path = nullptr;
+  const char* name = nullptr;
+  if (!PyArg_ParseTuple(args, "ss", &path, &name)) return nullptr;
+  PyObject* bindings = bindings_of_library(path);
+  if (!bindings) return nullptr;
+  auto* def = new PyModuleDef{PyModuleDef_HEAD_INIT, strdup(name),
+                              "Custom kernels of one CUDA-Agent workspace (fast build)", -1, nullptr};
+  PyObject* module = PyModule_Create(def);
+  if (module && PyDict_Update(PyModule_GetDict(module), bindings) < 0) Py_CLEAR(module);
+  Py_DECREF(bindings);
+  return module;
+}
+
 PyObject* abi_version(PyObject*, PyObject*) { return PyLong_FromLong(CUDA_AGENT_FAST_ABI_VERSION); }
 
 PyObject* has_cuda(PyObject*, PyObject*) {
@@ -453,6 +473,8 @@ PyObject* has_cuda(PyObject*, PyObject*) {
 
 PyMethodDef module_methods[] = {
     {"load_library", load_library, METH_VARARGS, "load_library(path) -> {name: binding}: attach a fast-built library"},
+    {"extension_module", extension_module, METH_VARARGS,
+     "extension_module(path, name) -> module: a fast-built library as an extension module object"},
     {"abi_version", abi_version, METH_NOARGS, "the binding ABI version of this runtime"},
     {"has_cuda", has_cuda, METH_NOARGS, "whether this runtime was built with CUDA streams"},
     {nullptr, nullptr, 0, nullptr},
