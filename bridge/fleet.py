@@ -55,7 +55,8 @@ def _supervisor_main(endpoint, services, handler, settings, gpu, capacity, curve
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker[gpu={gpu or '-'}] %(levelname)s %(message)s")
     try:
-        serve_worker(endpoint, services, handler, settings, gpu=gpu, capacity=capacity, curve=curve)
+        serve_worker(endpoint, services, handler, settings, gpu=gpu, capacity=capacity, curve=curve,
+                     drain_on_sigint=False)
     except WorkerExit as exc:
         print(f"worker error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -288,8 +288,12 @@ class WorkerSupervisor:
 
 
 def serve_worker(endpoint: str, services, handler, settings: BridgeSettings | dict | None = None,
-                 gpu: str | None = None, capacity: int = 1, curve=None, name: str | None = None) -> None:
+                 gpu: str | None = None, capacity: int = 1, curve=None, name: str | None = None,
+                 drain_on_sigint: bool = True) -> None:
     """Run one worker until SIGTERM (drain) or a second SIGTERM (stop now).
+
+    ``drain_on_sigint=False`` ignores SIGINT (a fleet's supervisors: Ctrl-C reaches the whole
+    process group, and the fleet forwards one SIGTERM, so each worker drains once).
 
     ``gpu``: the device index this worker owns ("0"), or "" for no GPU (compile workers), or
     None to leave ``CUDA_VISIBLE_DEVICES`` as inherited. Set before the child is spawned.
@@ -301,5 +305,5 @@ def serve_worker(endpoint: str, services, handler, settings: BridgeSettings | di
     supervisor = WorkerSupervisor(endpoint, services, handler, settings, capacity, curve, name)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: supervisor.request_drain())
-        signal.signal(signal.SIGINT, lambda *_: supervisor.request_drain())
+        signal.signal(signal.SIGINT, (lambda *_: supervisor.request_drain()) if drain_on_sigint else signal.SIG_IGN)
     supervisor.run()

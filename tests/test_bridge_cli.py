@@ -32,9 +32,10 @@ def _run(*args, timeout=30):
                           cwd=REPO_ROOT)
 
 
-def _spawn(*args):
+def _spawn(*args, session=False):
     return subprocess.Popen([sys.executable, "-c", _LAUNCH, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT})
+                            text=True, cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": REPO_ROOT},
+                            start_new_session=session)
 
 
 def test_broker_worker_submit_and_status_end_to_end(tmp_path):
@@ -123,3 +124,34 @@ def test_worker_slots_and_default_handlers():
     assert handlers_for(["evaluate", "compile"], None) == {
         "evaluate": "evaluator_cuda.bridge_handlers:evaluate", "compile": "evaluator_cuda.bridge_handlers:compile"}
     assert handlers_for(["noop"], "bridge.diagnostic_handlers:noop") == {"noop": "bridge.diagnostic_handlers:noop"}
+
+
+def test_ctrl_c_on_a_fleet_drains_the_running_job(tmp_path):
+    """Ctrl-C reaches the fleet and all its supervisors at once; each must drain, not stop dead."""
+    from bridge.client import BridgeClient
+    from bridge.settings import FAST_TEST_SETTINGS
+    from tests.bridge_procs import read_lines, wait_for_workers
+
+    endpoint = free_tcp_endpoint()
+    broker = _spawn("broker", "--bind", endpoint, "--journal", str(tmp_path / "j.db"), *FAST)
+    fleet = _spawn("worker", "--count", "1", "--connect", endpoint, "--handler", "tests.bridge_handlers:counted",
+                   *FAST, session=True)
+    counter, started = tmp_path / "counter.txt", tmp_path / "started.txt"
+    try:
+        with BridgeClient(endpoint, settings=FAST_TEST_SETTINGS) as client:
+            wait_for_workers(client, 1, timeout=30)
+            future = client.submit_future("evaluate", {"counter_file": str(counter), "start_file": str(started),
+                                                       "seconds": 1.0, "tag": "c"}, timeout=30)
+            wait_for(lambda: read_lines(started), what="the job to start")
+            os.killpg(fleet.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
+            result = future.result(timeout=30)
+        assert result["status"] == "correct" and len(read_lines(counter)) == 1
+        assert fleet.wait(20) == 0
+    finally:
+        for proc in (fleet, broker):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
