@@ -40,13 +40,14 @@ def _tensor_meta(t, index: int) -> dict:
     }
 
 
-def _tensor_bytes(t) -> bytes:
+def _tensor_bytes(t) -> memoryview:
+    """The tensor's bytes without an extra copy (a view of a contiguous CPU copy)."""
     import torch
 
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     if flat.numel() == 0:
-        return b""
-    return flat.view(torch.uint8).numpy().tobytes()
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())
 
 
 def encode_value(value, blobs: list[bytes]):
@@ -92,7 +93,8 @@ def _decode_tensor(meta: dict, blob: bytes):
         raise ProtocolError("tensor blob size does not match its shape and dtype")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(bytearray(blob), dtype=torch.uint8).view(dtype).reshape(shape)
+    buffer = blob if isinstance(blob, bytearray) else bytearray(blob)
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
 
 
 def decode_value(value, blobs: list[bytes], tensor_meta: list | None = None):
@@ -108,7 +110,7 @@ def decode_value(value, blobs: list[bytes], tensor_meta: list | None = None):
     if "__dict__" in value:
         return {str(k): decode_value(v, blobs, tensor_meta) for k, v in value["__dict__"].items()}
     if "__bytes__" in value:
-        return blobs[int(value["__bytes__"])]
+        return bytes(blobs[int(value["__bytes__"])])
     if "__dtype__" in value:
         import torch
 
@@ -127,17 +129,20 @@ def decode_value(value, blobs: list[bytes], tensor_meta: list | None = None):
     raise ProtocolError("malformed value")
 
 
-def pack(message: dict) -> bytes:
-    blobs: list[bytes] = []
+def pack(message: dict) -> list:
+    """The frame as a list of buffers: length + header, then each blob (sent without joining)."""
+    blobs: list = []
     body = encode_value(message, blobs)
-    header = json.dumps({"body": body, "blobs": [len(b) for b in blobs]}).encode()
-    return b"".join([struct.pack(">I", len(header)), header, *blobs])
+    header = json.dumps({"body": body, "blobs": [memoryview(b).nbytes for b in blobs]}).encode()
+    return [struct.pack(">I", len(header)) + header, *blobs]
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
-    chunks = []
-    remaining = n
-    while remaining:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytearray:
+    """Exactly n bytes into one preallocated buffer (recv_into, no joins)."""
+    buffer = bytearray(n)
+    view = memoryview(buffer)
+    received = 0
+    while received < n:
         if deadline is not None:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -146,27 +151,28 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
         else:
             sock.settimeout(None)
         try:
-            chunk = sock.recv(min(remaining, 1 << 22))
+            got = sock.recv_into(view[received:], min(n - received, 1 << 24))
         except socket.timeout as exc:
             raise ChannelTimeout() from exc
         except OSError as exc:
             raise ChannelClosed(str(exc)) from exc
-        if not chunk:
+        if not got:
             raise ChannelClosed("peer closed the channel")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
+        received += got
+    return buffer
 
 
 def send_message(sock: socket.socket, message: dict) -> None:
     sock.settimeout(None)
     try:
-        sock.sendall(pack(message))
+        for part in pack(message):
+            if memoryview(part).nbytes:
+                sock.sendall(part)
     except OSError as exc:
         raise ChannelClosed(str(exc)) from exc
 
 
-def recv_raw(sock: socket.socket, timeout: float | None = None) -> tuple[object, list[bytes]]:
+def recv_raw(sock: socket.socket, timeout: float | None = None) -> tuple[object, list[bytearray]]:
     """Receive one frame: (JSON body, blobs), without decoding tensors."""
     deadline = None if timeout is None else time.monotonic() + timeout
     (header_len,) = struct.unpack(">I", _recv_exact(sock, 4, deadline))
