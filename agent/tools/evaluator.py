@@ -51,7 +51,9 @@ def worker_seconds(record: dict) -> float:
     if isinstance(wall, dict) and isinstance(wall.get("total"), (int, float)):
         return float(wall["total"])
     build = record.get("build_seconds")
-    return float(build) if isinstance(build, (int, float)) else 0.0
+    if record.get("cache_hit") or not isinstance(build, (int, float)):
+        return 0.0  # a cache hit reports the original build's time, not this lookup's
+    return float(build)
 
 
 def _solution(context: ToolContext) -> dict[str, bytes]:
