@@ -214,10 +214,10 @@ class PlantedEvaluator:
         if verdict[0] == "incorrect":
             return {"status": "incorrect", "diagnostics": [{"message": "mismatch"}], "reward": -1}
         if not job["settings"]["profile"]:
-            return {"status": "correct", "diagnostics": [], "reward": None}
+            return {"status": "correct", "diagnostics": [], "reward": 1, "speedup": {"eager": None, "compile": None}}
         to_compile, to_eager = float(verdict[1]), float(verdict[2])
         reward = 3 if to_compile > 1.05 and to_eager > 1.05 else 2 if to_eager > 1.05 else 1
-        return {"status": "correct", "diagnostics": [], "speedups": {"compile": to_compile, "eager": to_eager}, "reward": reward}
+        return {"status": "correct", "diagnostics": [], "speedup": {"compile": to_compile, "eager": to_eager}, "reward": reward}
 
 
 def write(verdict):
@@ -270,7 +270,7 @@ def test_compile_artifact_is_reused_by_verify(tokenizer, episodes_dir):
 
 def test_best_correct_evaluation_rule():
     def rec(status, speedup):
-        return EvaluationRecord("profile", {}, {"status": status, "speedups": {"compile": speedup}}, 0.0)
+        return EvaluationRecord("profile", {}, {"status": status, "speedup": {"compile": speedup}}, 0.0)
 
     items = [rec("correct", 1.1), rec("incorrect", 9.0), rec("correct", 1.5), rec("correct", 1.5), rec("correct", None)]
     assert best_correct_evaluation(items) is items[2]
