@@ -641,3 +641,17 @@ def test_cli_reports_status_and_exit_code(cache, tmp_path):
     assert failed.exit_code == 1 and "kernels/axpby.cpp:1:" in failed.output
     missing = runner.invoke(app, ["fast-build", str(tmp_path / "nowhere"), "--backend", "host"])
     assert missing.exit_code == 2 and "not a workspace folder" in missing.output
+
+
+def test_a_compiler_that_hangs_is_killed_at_the_timeout(cache, tmp_path):
+    # `#include "/dev/stdin"`-style tricks make a compiler wait forever; a FIFO nobody writes does the same.
+    import os
+
+    fifo = tmp_path / "never"
+    os.mkfifo(fifo)
+    kernel = f'#include "{fifo}"\nextern "C" void axpby_launcher() {{}}\n// {uuid.uuid4()}\n'
+    ws = workspace(tmp_path / "ws", {"kernels/axpby.cpp": kernel, "kernels/axpby_binding.cpp": AXPBY_BINDING})
+    begin = time.perf_counter()
+    result = build_fast(ws, backend="host", cache_dir=cache, timeout_s=3)
+    assert time.perf_counter() - begin < 30
+    assert not result.ok and any("compile timeout" in d["message"] for d in result.diagnostics)

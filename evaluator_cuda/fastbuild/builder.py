@@ -229,12 +229,34 @@ def _clean_log(text: str, stage: Path) -> str:
     return text.replace(str(stage) + "/", "").replace(str(INCLUDE_DIR) + "/", "<slim-torch>/")
 
 
+# Limits of one compiler process group (a hostile source can make a compiler loop, eat memory or write a huge file).
+COMPILER_MEMORY_BYTES = 24 * 1024**3  # address space; nvcc's cicc/ptxas stay far below this on real kernels
+COMPILER_FILE_BYTES = 2 * 1024**3
+
+
+def _limit_compiler() -> None:  # runs in the child between fork and exec
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (COMPILER_MEMORY_BYTES, COMPILER_MEMORY_BYTES))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (COMPILER_FILE_BYTES, COMPILER_FILE_BYTES))
+
+
 def _run(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
+    """Run a compiler in its own process group with memory/file limits; the whole group dies on timeout."""
+    import signal
+
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, preexec_fn=_limit_compiler)
     try:
-        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
         return 124, f"error: compilation exceeded the {timeout:.0f} s compile timeout"
-    return done.returncode, done.stdout + done.stderr
+    return proc.returncode, out
 
 
 def build_fast(
