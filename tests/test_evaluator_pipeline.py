@@ -281,3 +281,42 @@ def test_candidate_that_hangs_is_killed_as_runtime_error(tmp_path):
     record = evaluate(AXPY_TASK, kernelbench("while True:\n    pass"), settings)
     assert record["status"] == "runtime_error" and record["reward"] == -1
     assert "gave no answer within 45 s" in record["message"]
+
+
+LOAD_INLINE_SOLUTION = '''import torch
+from torch.utils.cpp_extension import load_inline
+
+CPP = r"""
+#include <torch/extension.h>
+torch::Tensor axpy(torch::Tensor x, torch::Tensor y, double a) {
+  auto out = torch::empty_like(x);
+  const float* px = x.data_ptr<float>();
+  const float* py = y.data_ptr<float>();
+  float* po = out.data_ptr<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) po[i] = (float)a * px[i] SIGN py[i];
+  return out;
+}
+"""
+ext = load_inline(name="kb_axpy_SUFFIX", cpp_sources=[CPP], functions=["axpy"], extra_cflags=["-O3"], verbose=False)
+
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x, y):
+        return ext.axpy(x.contiguous(), y.contiguous(), float(self.alpha))
+'''
+
+
+@pytest.mark.slow
+def test_kernelbench_load_inline_solutions(build_cache):
+    """Format (b): one file whose ModelNew builds its extension with load_inline at import."""
+    honest = LOAD_INLINE_SOLUTION.replace("SIGN", "+").replace("SUFFIX", "plus")
+    record = evaluate(AXPY_TASK, Solution("kernelbench", {"kb.py": honest.encode()}, "kb.py", "axpy"), host(build_cache))
+    assert record["status"] == "correct", (record["message"], record["diagnostics"][:2])
+    broken = LOAD_INLINE_SOLUTION.replace("SIGN", "+ undefined_name +").replace("SUFFIX", "broken")
+    record = evaluate(AXPY_TASK, Solution("kernelbench", {"kb.py": broken.encode()}, "kb.py", "axpy"), host(build_cache))
+    assert record["status"] == "compile_error" and record["reward"] == -1
+    assert any("undefined_name" in d["message"] and d["line"] for d in record["diagnostics"]), record["diagnostics"][:3]
