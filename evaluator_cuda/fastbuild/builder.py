@@ -19,7 +19,9 @@ import dataclasses
 import functools
 import json
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -234,19 +236,20 @@ COMPILER_MEMORY_BYTES = 24 * 1024**3  # address space; nvcc's cicc/ptxas stay fa
 COMPILER_FILE_BYTES = 2 * 1024**3
 
 
-def _limit_compiler() -> None:  # runs in the child between fork and exec
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (COMPILER_MEMORY_BYTES, COMPILER_MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (COMPILER_FILE_BYTES, COMPILER_FILE_BYTES))
+def _limit_compiler(pid: int) -> None:
+    """Memory and file-size limits on a started compiler (prlimit: no preexec_fn, which is unsafe with threads)."""
+    try:
+        resource.prlimit(pid, resource.RLIMIT_AS, (COMPILER_MEMORY_BYTES, COMPILER_MEMORY_BYTES))
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (COMPILER_FILE_BYTES, COMPILER_FILE_BYTES))
+    except (OSError, ValueError):
+        pass  # already exited, or limits not allowed here: the timeout still applies
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
     """Run a compiler in its own process group with memory/file limits; the whole group dies on timeout."""
-    import signal
-
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, preexec_fn=_limit_compiler)
+                            start_new_session=True)
+    _limit_compiler(proc.pid)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
