@@ -163,7 +163,7 @@ class Child:
         if self.proc.poll() is None:
             try:
                 wire.send_message(self.sock, {"cmd": "exit"})
-                self.proc.wait(timeout=2.0)
+                self.proc.wait(timeout=1.0)
             except (wire.ChannelClosed, subprocess.TimeoutExpired, OSError):
                 pass
         self.kill()
