@@ -6,15 +6,14 @@ reference: the builder always compiles the evaluator's own copies) and `SKILL.md
 The grader is not here: compile/verify/profile ship `model_new.py` and `kernels/**` to the
 evaluator fleet, which pairs them with the task source it was given, never this `model.py`.
 
-This module stays torch-free: the template files are copied, not produced by the evaluator.
+The layout comes from the evaluator's own `init_workspace` (a torch-free module), so the agent
+process stays torch-free (design.md) and both agree on what a workspace is.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +34,6 @@ _slot_counter = itertools.count()
 
 class WorkspaceError(Exception):
     """A refused path or action; the message goes back to the policy."""
-
-
-def evaluator_templates_dir() -> Path:
-    """`evaluator_cuda/templates`, found without importing the (torch-using) package."""
-    spec = importlib.util.find_spec("evaluator_cuda")
-    if spec is None or not spec.submodule_search_locations:
-        raise WorkspaceError("evaluator_cuda package not found (templates for the workspace)")
-    return Path(list(spec.submodule_search_locations)[0]) / "templates"
 
 
 @dataclass
@@ -227,32 +218,34 @@ def release_sandbox_uid(uid: int, claims_dir: Path = UID_CLAIMS_DIR) -> None:
 def create_workspace(
     root: str | Path, task_name: str, task_source: str, *, uid_base: int = 200_000, isolate_uid: bool = True
 ) -> Workspace:
-    """Make the workspace directory for one episode.
+    """Make the workspace directory for one episode with the evaluator's own layout
+    (`evaluator_cuda.workspace.init_workspace`, torch-free: the task, a starter model_new.py,
+    kernels/, the binding registry files and SKILL.md).
 
     The directory is created fresh (an existing one is refused). Harness files and the task
     are owned by us and read-only; the directory has the sticky bit so a sandbox uid cannot
     delete or rename them; `kernels/` belongs to the sandbox uid.
     """
+    from evaluator_cuda.tasks import Task as EvaluatorTask  # torch-free modules of the evaluator
+    from evaluator_cuda.workspace import WorkspaceError as LayoutError
+    from evaluator_cuda.workspace import init_workspace
+
     root = Path(root)
     if root.exists():
         raise WorkspaceError(f"workspace {root} already exists")
-    root.mkdir(parents=True)
-    templates = evaluator_templates_dir()
-    for name in TEMPLATE_FILES:
-        source = templates / name
-        if source.is_file():
-            shutil.copyfile(source, root / name)
-    (root / TASK_FILE).write_text(task_source)
-    (root / KERNELS_DIR).mkdir()
+    try:
+        init_workspace(EvaluatorTask(name=task_name, source=task_source), root)
+    except LayoutError as error:
+        raise WorkspaceError(str(error)) from None
     uid = claim_sandbox_uid(uid_base) if isolate_uid and can_switch_uid() and _traversable_by_others(root) else None
     for name in (TASK_FILE, *TEMPLATE_FILES):
-        if (root / name).exists():
-            os.chmod(root / name, 0o444)
+        os.chmod(root / name, 0o444)
     workspace = Workspace(root=root, task_name=task_name, task_source=task_source, sandbox_uid=uid)
     if uid is not None:
         os.chown(root, 0, uid)
         os.chmod(root, 0o1770)
         os.chown(root / KERNELS_DIR, uid, uid)
+        os.chown(root / SOLUTION_MODEL_FILE, uid, uid)
     return workspace
 
 

@@ -206,6 +206,8 @@ class PlantedEvaluator:
     async def submit(self, service, job, timeout=None):
         self.jobs.append((service, job))
         source = job["solution"]["files"]["model_new.py"].decode()
+        if "# verdict: " not in source:  # the workspace's starter file, no kernels
+            return {"status": "compile_error", "diagnostics": [{"message": "no kernels"}], "reward": -1}
         verdict = source.split("# verdict: ")[1].split()
         if verdict[0] == "infra":
             raise ConnectionError("broker gone")
@@ -254,8 +256,10 @@ def test_unprofiled_episode_is_graded_at_the_end(tokenizer, episodes_dir):
 def test_incorrect_and_missing_solutions_get_minus_one_infra_gets_none(tokenizer, episodes_dir):
     wrong = episode(ScriptedPolicy([write("incorrect")], tokenizer), tokenizer, episodes_dir, evaluator=PlantedEvaluator(), name="a")
     assert wrong.reward == -1 and wrong.final_status == "incorrect"
-    nothing = episode(ScriptedPolicy([], tokenizer), tokenizer, episodes_dir, evaluator=PlantedEvaluator(), name="b")
-    assert nothing.reward == -1 and nothing.final_status == "no_solution"
+    untouched = episode(ScriptedPolicy([], tokenizer), tokenizer, episodes_dir, evaluator=PlantedEvaluator(), name="b")
+    assert untouched.reward == -1 and untouched.final_status == "compile_error"  # the starter model_new.py
+    removed = episode(ScriptedPolicy([format_tool_call("Bash", {"command": "rm model_new.py"})], tokenizer), tokenizer, episodes_dir, evaluator=PlantedEvaluator(), name="d")
+    assert removed.reward == -1 and removed.final_status == "no_solution"
     infra = episode(ScriptedPolicy([write("infra"), format_tool_call("verify", {})], tokenizer), tokenizer, episodes_dir, evaluator=PlantedEvaluator(), name="c")
     assert infra.reward is None and infra.final_status == "infra_error"
     assert "infrastructure error" in infra.trajectory.messages[-2]["content"]
@@ -290,7 +294,7 @@ def test_trajectory_parquet_round_trip(tokenizer, episodes_dir):
         assert row["loss_mask"] == result.trajectory.loss_mask
         assert row["rollout_logprobs"] == pytest.approx(result.trajectory.rollout_logprobs, abs=1e-6)
         assert row["turns"] == result.turns and row["task"] == "double"
-    assert rows[0]["reward"] == -1 and rows[0]["final_status"] == "no_solution" and rows[0]["schema_violations"] == 1
+    assert rows[0]["reward"] == -1 and rows[0]["final_status"] == "compile_error" and rows[0]["schema_violations"] == 1
     assert math.isnan(rows[0]["best_speedup_vs_compile"])
     assert rows[1]["reward"] == 3 and rows[1]["best_speedup_vs_compile"] == pytest.approx(1.3)
     import pyarrow.parquet as pq

@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -125,6 +126,7 @@ def test_workspace_layout(context):
     root = context.workspace.root
     assert (root / "model.py").read_text() == TASK
     assert (root / "kernels").is_dir()
+    assert "class ModelNew(nn.Module)" in (root / "model_new.py").read_text()  # the evaluator's starter
     assert not (root / "utils").exists()
     assert (root / "binding_registry.h").is_file()
     assert not os.access(root / "model.py", os.W_OK) or os.geteuid() == 0
@@ -346,3 +348,17 @@ def test_files_written_by_tools_belong_to_the_sandbox_uid(context):
         assert (context.workspace.root / relative).stat().st_uid == uid
     text, _ = call(context, "Bash", command="echo more >> kernels/deep/er/op.cpp && rm -r kernels/deep && echo removed")
     assert "removed" in text
+
+
+def test_agent_process_stays_torch_free(tmp_path):
+    """design.md: the agent loop never imports torch (a TPU host has none)."""
+    code = (
+        "import sys, asyncio\n"
+        "import agent.cli, agent.episode, agent.trajectory, agent.fleet, agent.policy, agent.batching\n"
+        "from agent.workspace import create_workspace\n"
+        f"create_workspace({str(tmp_path / 'ws')!r}, 't', 'x = 1\\n')\n"
+        "print('torch' in sys.modules, 'jax' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
