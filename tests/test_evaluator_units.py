@@ -22,6 +22,10 @@ def test_compare_accepts_within_tolerance_and_rejects_beyond():
     problem = compare_outputs(expected, torch.tensor([1.03, 100.0]), [CPU], "cpu", 1e-2, 1e-2)
     assert problem.startswith("output: values differ")
     assert compare_outputs(torch.tensor([float("nan")]), torch.tensor([float("nan")]), [CPU], "cpu", 1e-2, 1e-2) is not None
+    inf = torch.tensor([1.0, float("inf")])
+    assert compare_outputs(inf, inf.clone(), [CPU], "cpu", 1e-2, 1e-2) is None  # equal infinities pass
+    assert compare_outputs(inf, torch.tensor([1.0, 5.0]), [CPU], "cpu", 1e-2, 1e-2) is not None  # tol would be inf
+    assert compare_outputs(torch.tensor([1, 2]), torch.tensor([1, 3]), [CPU], "cpu", 1e-2, 1e-2) is not None
 
 
 def test_compare_checks_structure_dtype_shape_device_and_class():
