@@ -92,18 +92,41 @@ def _count_processes_of(uid: int) -> int:
     return count
 
 
-def _limit_setter(limits: SandboxLimits, switching_uid: bool):
-    """A preexec function applying the limits in the child before exec."""
+def _process_limit(limits: SandboxLimits, switching_uid: bool) -> int:
     # RLIMIT_NPROC counts every process of the uid: for a shared uid, leave room for the ones
-    # that already exist (computed in the parent, not between fork and exec).
-    nproc = limits.max_processes if switching_uid else limits.max_processes + _count_processes_of(os.getuid())
+    # that already exist.
+    return limits.max_processes if switching_uid else limits.max_processes + _count_processes_of(os.getuid())
+
+
+def _limit_pairs(limits: SandboxLimits, switching_uid: bool) -> list[tuple[int, str, int]]:
+    """(resource, prlimit option, value) of every limit a command gets."""
+    return [
+        (resource.RLIMIT_CPU, "--cpu", limits.cpu_seconds),
+        (resource.RLIMIT_AS, "--as", limits.memory_bytes),
+        (resource.RLIMIT_FSIZE, "--fsize", limits.max_file_bytes),
+        (resource.RLIMIT_CORE, "--core", 0),
+        (resource.RLIMIT_NPROC, "--nproc", _process_limit(limits, switching_uid)),
+    ]
+
+
+def limits_prefix(limits: SandboxLimits, switching_uid: bool) -> list[str] | None:
+    """`prlimit` arguments applying the limits, or None when prlimit is missing.
+
+    prlimit (util-linux) sets the limits and execs the command, so no Python runs between fork
+    and exec (a preexec function can deadlock in a multithreaded process such as a JAX sampler's).
+    """
+    if shutil.which("prlimit") is None:
+        return None
+    return ["prlimit", *(f"{option}={value}:{value}" for _, option, value in _limit_pairs(limits, switching_uid)), "--"]
+
+
+def _limit_setter(limits: SandboxLimits, switching_uid: bool):
+    """Fallback without prlimit: a preexec function applying the limits in the child before exec."""
+    pairs = _limit_pairs(limits, switching_uid)  # computed in the parent, not between fork and exec
 
     def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        for which, _, value in pairs:
+            resource.setrlimit(which, (value, value))
 
     return apply
 
@@ -160,7 +183,9 @@ def kill_processes_of_uid(uid: int) -> int:
 async def start_command(command: str, cwd: str, limits: SandboxLimits, uid: int | None) -> asyncio.subprocess.Process:
     """Start `command` in the sandbox; stdout and stderr merged into one pipe."""
     switching = uid is not None and can_switch_uid()
+    prefix = limits_prefix(limits, switching)
     return await asyncio.create_subprocess_exec(
+        *(prefix or []),
         *sandbox_argv(command, limits, uid),
         cwd=cwd,
         env=sandbox_env(cwd),
@@ -168,7 +193,7 @@ async def start_command(command: str, cwd: str, limits: SandboxLimits, uid: int 
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=_limit_setter(limits, switching),
+        preexec_fn=None if prefix else _limit_setter(limits, switching),
     )
 
 

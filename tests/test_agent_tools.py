@@ -362,3 +362,11 @@ def test_agent_process_stays_torch_free(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_commands_get_the_configured_limits(context):
+    text, _ = call(context, "Bash", command="ulimit -t; ulimit -v; ulimit -f; ulimit -c")
+    limits = context.config.sandbox
+    assert text.split("\n")[:4] == [str(limits.cpu_seconds), str(limits.memory_bytes // 1024), str(limits.max_file_bytes // 1024), "0"]  # bash counts -v and -f in KiB
+    text, _ = call(context, "Bash", command="head -c 70000000 /dev/zero > kernels/big.bin; echo rc=$?; stat -c %s kernels/big.bin")
+    assert str(limits.max_file_bytes) in text and "rc=0" not in text  # writing past the file-size limit fails
