@@ -47,6 +47,7 @@ __global__ void __launch_bounds__(kThreads) layernorm_vec4_kernel(const float4* 
   const float inv_cols = 1.0f / (4.0f * groups);
 
   float s = 0.0f;
+  #pragma unroll 4
   for (int i = threadIdx.x; i < groups; i += kThreads) {
     const float4 v = row[i];
     if (kCached) cached_row[i] = v;
@@ -55,6 +56,7 @@ __global__ void __launch_bounds__(kThreads) layernorm_vec4_kernel(const float4* 
   const float mean = block_sum(s) * inv_cols;
 
   float q = 0.0f;
+  #pragma unroll 4
   for (int i = threadIdx.x; i < groups; i += kThreads) {
     const float4 v = kCached ? cached_row[i] : row[i];
     const float dx = v.x - mean, dy = v.y - mean, dz = v.z - mean, dw = v.w - mean;
@@ -62,6 +64,7 @@ __global__ void __launch_bounds__(kThreads) layernorm_vec4_kernel(const float4* 
   }
   const float rstd = rsqrtf(block_sum(q) * inv_cols + eps);
 
+  #pragma unroll 4
   for (int i = threadIdx.x; i < groups; i += kThreads) {
     const float4 v = kCached ? cached_row[i] : row[i];
     const float4 w = weight[i];

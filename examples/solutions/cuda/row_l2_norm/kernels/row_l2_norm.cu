@@ -20,6 +20,7 @@ __global__ void __launch_bounds__(kThreads) row_l2_norm_kernel(const float* __re
   if (kVec4) {
     const float4* row4 = reinterpret_cast<const float4*>(row);
     float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    #pragma unroll 4
     for (int i = threadIdx.x; i < cols / 4; i += kThreads) {
       const float4 v = row4[i];
       a0 = fmaf(v.x, v.x, a0);

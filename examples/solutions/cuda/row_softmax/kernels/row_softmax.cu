@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(kThreads) row_softmax_kernel(const float* __re
   MaxSum local{-INFINITY, 0.0f};
   if (kVec4) {
     const float4* row4 = reinterpret_cast<const float4*>(row);
+    #pragma unroll 4
     for (int i = threadIdx.x; i < cols / 4; i += kThreads) {
       const float4 v = row4[i];
       local = absorb(local, v.x);
@@ -72,6 +73,7 @@ __global__ void __launch_bounds__(kThreads) row_softmax_kernel(const float* __re
   if (kVec4) {
     const float4* row4 = reinterpret_cast<const float4*>(row);
     float4* out4 = reinterpret_cast<float4*>(out);
+    #pragma unroll 4
     for (int i = threadIdx.x; i < cols / 4; i += kThreads) {
       const float4 v = row4[i];
       out4[i] = make_float4(__expf(v.x - stats.max) * factor, __expf(v.y - stats.max) * factor,
