@@ -655,3 +655,11 @@ def test_a_compiler_that_hangs_is_killed_at_the_timeout(cache, tmp_path):
     result = build_fast(ws, backend="host", cache_dir=cache, timeout_s=3)
     assert time.perf_counter() - begin < 30
     assert not result.ok and any("compile timeout" in d["message"] for d in result.diagnostics)
+
+
+def test_paths_that_leave_the_workspace_are_never_written(cache, tmp_path):
+    from evaluator_cuda.fastbuild import select_sources
+
+    files = {"kernels/../../escape_binding.cpp": b"x", "kernels/ok_binding.cpp": b"y", "/abs/kernels/a.cpp": b"z",
+             "kernels/sub/../../../up.h": b"w"}
+    assert select_sources(files, "host") == {"kernels/ok_binding.cpp": b"y"}

@@ -97,6 +97,8 @@ def select_sources(files: dict[str, bytes], backend: str) -> dict[str, bytes]:
         path = Path(rel)
         if not path.parts or path.parts[0] != "kernels" or path.name in HARNESS_FILES:
             continue
+        if path.is_absolute() or ".." in path.parts or "\\" in rel:
+            continue  # a path that would leave the staging folder is never written, let alone compiled
         if path.suffix in HEADER_SUFFIXES or path.name.endswith("_binding.cpp"):
             chosen[rel] = data
         elif (backend == "cuda" and path.suffix == ".cu") or (backend == "host" and path.suffix == ".cpp"):
