@@ -30,11 +30,21 @@ RUNTIME_BUILDER_VERSION = "1"
 RUNTIME_ENV = "CUDA_AGENT_BINDING_RUNTIME"
 
 
+def runtime_has_cuda() -> bool:
+    """Whether the runtime is built with CUDA streams: torch has CUDA and a toolkit (headers) is installed."""
+    import torch
+
+    from .toolchain import find_cuda_home
+
+    return torch.version.cuda is not None and find_cuda_home() is not None
+
+
 def runtime_key() -> str:
     """Everything the built runtime depends on."""
     import torch
 
     return digest_of(
+        str(runtime_has_cuda()),
         RUNTIME_BUILDER_VERSION,
         RUNTIME_SOURCE.read_bytes(),
         ABI_HEADER.read_bytes(),
@@ -85,12 +95,20 @@ def ensure_binding_runtime(cache_dir: Path | str | None = None, verbose: bool = 
         from torch.utils.cpp_extension import load
 
         build_dir.mkdir(parents=True, exist_ok=True)
-        with_cuda = torch.version.cuda is not None
+        with_cuda = runtime_has_cuda()
         flags = ["-O2"] + (["-DCUDA_AGENT_WITH_CUDA"] if with_cuda else [])
+        includes, ldflags = [], []
+        if with_cuda:  # explicit toolkit paths: torch's own CUDA_HOME guess can land on a wrapper script's folder
+            from .toolchain import find_toolchain
+
+            toolchain = find_toolchain("cuda")
+            includes, ldflags = [toolchain.cuda_include()], [f"-L{toolchain.cuda_lib()}"]
         _RUNTIME = load(
             name=RUNTIME_NAME,
             sources=[str(RUNTIME_SOURCE)],
             extra_cflags=flags,
+            extra_include_paths=includes,
+            extra_ldflags=ldflags,
             build_directory=str(build_dir),
             with_cuda=with_cuda,
             verbose=verbose,
