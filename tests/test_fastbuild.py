@@ -397,7 +397,10 @@ def test_fast_library_imports_like_a_torch_extension(axpby_ext, tmp_path):
         out, prod = cuda_extension.axpby(x, x, 3.0, 2)
         print(out.tolist(), prod.tolist(), module.__file__ == so)
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    import os
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[0] == "[0.0, 4.0, 8.0, 12.0] [0.0, 2.0, 8.0, 18.0] True"
 
