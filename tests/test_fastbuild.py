@@ -263,6 +263,22 @@ def test_wrong_argument_types_raise_type_error(axpby_ext):
         axpby_ext.axpby(x, x, a=1.0, k=1)  # keywords are not supported (as with a plain pybind11 m.def)
 
 
+def test_scalar_arguments_convert_like_pybind11(axpby_ext, shapes_ext):
+    x, y = torch.randn(6), torch.randn(6)
+    out, prod = axpby_ext.axpby(x, y, 2, torch.tensor(3))  # int for float; 0-dim int tensor for int (__index__)
+    torch.testing.assert_close(out, 2 * x + y)
+    torch.testing.assert_close(prod, 3 * x * y)
+    out, _ = axpby_ext.axpby(x, y, torch.tensor(0.5), True)  # 0-dim float tensor for float (__float__)
+    torch.testing.assert_close(out, 0.5 * x + y)
+    bias = torch.randn(2, 3)
+    torch.testing.assert_close(shapes_ext.filled([2, 3], 0, bias, 1), -bias)  # a number's truth value for bool
+    torch.testing.assert_close(shapes_ext.filled([2, 3], 0, bias, None), bias)
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        axpby_ext.axpby(x, y, "2.0", 1)
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        shapes_ext.filled([2, 3], 0, bias, "yes")
+
+
 def test_references_are_released(axpby_ext):
     x, y = torch.randn(64), torch.randn(64)
     before = (sys.getrefcount(x), sys.getrefcount(y))

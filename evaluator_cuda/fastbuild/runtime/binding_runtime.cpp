@@ -229,8 +229,7 @@ bool to_value(PyObject* obj, int32_t kind, cuda_agent_value* v, ArgStorage* stor
       v->i = value;
       return true;
     }
-    case CUDA_AGENT_DOUBLE: {
-      if (!PyFloat_Check(obj) && !PyLong_Check(obj) && !PyIndex_Check(obj)) return false;
+    case CUDA_AGENT_DOUBLE: {  // like pybind11's float caster: anything float() accepts (ints, 0-dim tensors)
       double value = PyFloat_AsDouble(obj);
       if (value == -1.0 && PyErr_Occurred()) {
         PyErr_Clear();
@@ -239,10 +238,21 @@ bool to_value(PyObject* obj, int32_t kind, cuda_agent_value* v, ArgStorage* stor
       v->d = value;
       return true;
     }
-    case CUDA_AGENT_BOOL:
-      if (!PyBool_Check(obj)) return false;
-      v->i = obj == Py_True ? 1 : 0;
-      return true;
+    case CUDA_AGENT_BOOL:  // like pybind11's bool caster: True/False, None, or a number's truth value
+      if (obj == Py_True || obj == Py_False || obj == Py_None) {
+        v->i = obj == Py_True ? 1 : 0;
+        return true;
+      }
+      if (Py_TYPE(obj)->tp_as_number && Py_TYPE(obj)->tp_as_number->nb_bool) {
+        int truth = PyObject_IsTrue(obj);
+        if (truth < 0) {
+          PyErr_Clear();
+          return false;
+        }
+        v->i = truth;
+        return true;
+      }
+      return false;
     case CUDA_AGENT_INT_LIST:
     case CUDA_AGENT_TENSOR_LIST: {
       if (THPVariable_Check(obj) || PyUnicode_Check(obj) || !PySequence_Check(obj)) return false;
