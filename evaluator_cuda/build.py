@@ -128,6 +128,10 @@ def build_workspace(files: dict[str, bytes], settings: EvalSettings) -> BuildRes
     if not any(Path(r).name.endswith("_binding.cpp") for r in sources):
         diag = [{"file": "kernels/", "line": None, "message": "no kernels/*_binding.cpp: nothing registers a function with REGISTER_BINDING"}]
         return BuildResult("compile_error", diag, None, 0.0, False)
+    if settings.fast_build:
+        fast = _fast_build(files, settings)
+        if fast is not None:
+            return fast
     key = build_key(sources, settings)
     cache = build_cache_dir(settings)
     entry = cache / key
@@ -144,6 +148,33 @@ def build_workspace(files: dict[str, bytes], settings: EvalSettings) -> BuildRes
             hit.build_seconds = time.perf_counter() - waited
             return hit
         return _build_locked(sources, settings, key, cache, entry)
+
+
+def fast_build_dir(settings: EvalSettings) -> Path:
+    return settings.cache_path() / "fastbuild"
+
+
+def _fast_build(files: dict[str, bytes], settings: EvalSettings) -> BuildResult | None:
+    """The fast path (evaluator_cuda.fastbuild): a result, or None when the torch build must decide.
+
+    Its libraries need the binding runtime (a torch extension built once per machine); it is
+    built here, in a build child, so a candidate process never compiles harness code.
+    """
+    from .fastbuild.build_adapter import fast_build_workspace
+
+    result = fast_build_workspace(files, settings)
+    if result is None or result.status != "built":
+        return result
+    begin = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="runtime-") as scratch, Child("build", Path(scratch), env=build_env(settings)) as child:
+            reply = child.request({"cmd": "runtime", "cache_dir": str(fast_build_dir(settings))}, timeout=settings.compile_timeout_s)
+    except ChildFailed as exc:
+        return BuildResult("infra_error", [{"file": None, "line": None, "message": f"binding runtime: {exc}"}], None, result.build_seconds, False, result.key)
+    if not reply.get("ok"):
+        return BuildResult("infra_error", [{"file": None, "line": None, "message": f"binding runtime: {reply.get('message')}"}], None, result.build_seconds, False, result.key)
+    result.build_seconds += time.perf_counter() - begin
+    return result
 
 
 def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, cache: Path, entry: Path) -> BuildResult:

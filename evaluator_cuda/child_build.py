@@ -34,3 +34,16 @@ class BuildRole:
         if not built:
             raise HandlerError("internal", "the build reported success but produced no cuda_extension .so")
         return {"so_path": str(built[0])}
+
+    def do_runtime(self, req: dict) -> dict:
+        """Make sure the fast build's binding runtime exists (built once per machine, cached)."""
+        import fcntl
+
+        from .fastbuild.runtime import ensure_binding_runtime
+
+        root = Path(req["cache_dir"])
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / "runtime.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            ensure_binding_runtime(root)
+        return {}

@@ -20,8 +20,13 @@ from .tasks import TaskError, exec_task
 BUILD_ERROR_MARKER = "Error building extension"
 
 
-def load_extension_module(so_path: str):
-    """Import a built extension file as the module `cuda_extension`."""
+def load_extension_module(so_path: str, fast_cache_dir: str | None = None):
+    """Import a built extension file as the module `cuda_extension` (torch-built or fast-built)."""
+    if fast_cache_dir is not None:
+        from .fastbuild.runtime import is_fast_extension, load_fast_extension
+
+        if is_fast_extension(so_path):
+            return load_fast_extension(so_path, "cuda_extension", fast_cache_dir)
     loader = importlib.machinery.ExtensionFileLoader("cuda_extension", so_path)
     spec = importlib.util.spec_from_file_location("cuda_extension", so_path, loader=loader)
     module = importlib.util.module_from_spec(spec)
@@ -77,7 +82,7 @@ class CandidateRole:
 
         if req.get("extension_path"):
             try:
-                load_extension_module(req["extension_path"])
+                load_extension_module(req["extension_path"], req.get("fast_cache_dir"))
             except Exception as exc:
                 raise HandlerError("compile", f"the built extension does not import: {one_line(exc)}", traceback.format_exc()) from None
         fmt = req["format"]

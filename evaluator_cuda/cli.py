@@ -16,11 +16,11 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def _settings(backend: str, repeats: Optional[int], warmup: Optional[int], profile: bool, cache_dir: Optional[Path]):
+def _settings(backend: str, repeats: Optional[int], warmup: Optional[int], profile: bool, cache_dir: Optional[Path], fast_build: bool = False):
     from .bench import resolve_backend
     from .settings import EvalSettings
 
-    overrides = {"profile": profile}
+    overrides = {"profile": profile, "fast_build": fast_build}
     if repeats is not None:
         overrides["repeats"] = repeats
     if warmup is not None:
@@ -62,6 +62,7 @@ def bench(
     warmup: Optional[int] = typer.Option(None, help="Untimed warm-up calls."),
     profile: bool = typer.Option(True, help="Time candidates and baselines (--no-profile: verdicts only)."),
     cache_dir: Optional[Path] = typer.Option(None, help="Cache folder (default $CUDA_AGENT_CACHE or ~/.cache/cuda-agent)."),
+    fast_build: bool = typer.Option(False, help="Try the slim-header fast build before the torch build."),
 ) -> None:
     """Evaluate a task set (and its solutions) and print the KernelBench-style table."""
     import time
@@ -72,7 +73,7 @@ def bench(
         _fail(f"no such task file or folder: {tasks}")
     if solutions is not None and not solutions.is_dir():
         _fail(f"no such solutions folder: {solutions}")
-    settings = _settings(backend, repeats, warmup, profile, cache_dir)
+    settings = _settings(backend, repeats, warmup, profile, cache_dir, fast_build)
     out = out or Path("reports") / time.strftime("bench-%Y%m%d-%H%M%S")
     try:
         result = run_bench(tasks, solutions, settings, out)
@@ -92,6 +93,7 @@ def evaluate(
     warmup: Optional[int] = typer.Option(None),
     profile: bool = typer.Option(True),
     cache_dir: Optional[Path] = typer.Option(None),
+    fast_build: bool = typer.Option(False, help="Try the slim-header fast build before the torch build."),
 ) -> None:
     """Evaluate one solution for one task and print its result record as JSON."""
     from .evaluation import evaluate as evaluate_candidate
@@ -102,7 +104,7 @@ def evaluate(
         the_solution = read_solution(solution)
     except SolutionError as exc:
         _fail(str(exc))
-    record = evaluate_candidate(the_task, the_solution, _settings(backend, repeats, warmup, profile, cache_dir))
+    record = evaluate_candidate(the_task, the_solution, _settings(backend, repeats, warmup, profile, cache_dir, fast_build))
     typer.echo(json.dumps(record, indent=1))
     if record["status"] in ("infra_error", "task_error"):
         raise typer.Exit(code=1)

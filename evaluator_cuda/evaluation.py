@@ -130,6 +130,7 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         candidate.submit({
             "cmd": "load", "format": solution.format, "entry": solution.entry, "solution_dir": str(solution_dir),
             "extension_path": str(extension_path) if extension_path else None, "task_name": task.name,
+            "fast_cache_dir": str(settings.cache_path() / "fastbuild"),
             "task_source": task.source, "device": device, "block_torch": settings.block_torch and solution.format != "reference",
         })
         try:

@@ -320,3 +320,16 @@ def test_kernelbench_load_inline_solutions(build_cache):
     record = evaluate(AXPY_TASK, Solution("kernelbench", {"kb.py": broken.encode()}, "kb.py", "axpy"), host(build_cache))
     assert record["status"] == "compile_error" and record["reward"] == -1
     assert any("undefined_name" in d["message"] and d["line"] for d in record["diagnostics"]), record["diagnostics"][:3]
+
+
+def test_fast_build_path_gives_the_same_verdicts(build_cache):
+    """settings.fast_build: evaluator_cuda.fastbuild builds the workspace; verdicts are unchanged."""
+    settings = host(build_cache, fast_build=True)
+    honest = evaluate(AXPY_TASK, workspace("+"), settings)
+    assert honest["status"] == "correct", (honest["message"], honest["diagnostics"][:2])
+    from evaluator_cuda.fastbuild.runtime import is_fast_extension
+
+    libs = [p for p in (Path(build_cache) / "fastbuild").rglob("*.so") if honest["build"]["key"] in str(p)]
+    assert libs and is_fast_extension(libs[0])  # the candidate ran on the fast-built library
+    wrong = evaluate(AXPY_TASK, workspace("-"), settings)
+    assert wrong["status"] == "incorrect" and wrong["reward"] == -1
