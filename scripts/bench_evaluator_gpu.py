@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Figures of the evaluator on a GPU (issue 2), in one call of well under 9 minutes.
 
-    python scripts/bench_evaluator_gpu.py [--only STEM ...] [--with-pytest] [--budget-s 420]
+    python scripts/bench_evaluator_gpu.py [--only STEM ...] [--fast-build] [--with-pytest] [--budget-s 420]
 
 For every example under examples/solutions/cuda (honest and __wrong):
   1. cold compile through evaluator_cuda.build (fresh cache folder, all examples in parallel),
@@ -43,7 +43,9 @@ def do_bench_child(task_path: str, solution_dir: str, so_path: str, out_path: st
     from evaluator_cuda.tasks import exec_task
 
     namespace = exec_task(Path(task_path).stem, Path(task_path).read_text())
-    load_extension_module(so_path)
+    from evaluator_cuda.settings import cache_root
+
+    load_extension_module(so_path, str(cache_root() / "fastbuild"))  # CUDA_AGENT_CACHE is set by the parent
     sys.path.insert(0, solution_dir)
     import importlib.util
 
@@ -71,6 +73,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--with-pytest", action="store_true", help="also run pytest -m cuda on tests/test_evaluator_*.py")
+    parser.add_argument("--fast-build", action="store_true", help="build through evaluator_cuda.fastbuild first (settings.fast_build)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip remaining do_bench runs past this many seconds")
     parser.add_argument("--do-bench", nargs=4, metavar=("TASK", "SOLUTION", "SO", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -92,7 +95,7 @@ def main() -> int:
         return 2
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
     cache = Path(tempfile.mkdtemp(prefix="cuda-agent-gpu-bench-"))
-    settings = EvalSettings.for_backend("cuda", cache_dir=str(cache))
+    settings = EvalSettings.for_backend("cuda", cache_dir=str(cache), fast_build=args.fast_build)
     dirs = sorted(p for p in SOLUTIONS.iterdir() if p.is_dir() and (args.only is None or p.name.split("__")[0] in args.only))
     solutions = {p.name: read_solution(p) for p in dirs}
     tasks = {t.stem: t for t in load_tasks(TASKS).tasks}
@@ -130,7 +133,7 @@ def main() -> int:
             with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
                 target = handle.name
             done = subprocess.run([sys.executable, __file__, "--do-bench", str(TASKS / f"{solution.stem}.py"), str(SOLUTIONS / name), cold[name].so_path, target],
-                                  capture_output=True, text=True, timeout=240)
+                                  capture_output=True, text=True, timeout=240, env={**os.environ, "CUDA_AGENT_CACHE": str(cache)})
             if done.returncode == 0:
                 bench = json.loads(Path(target).read_text())
                 rows[name].update(do_bench_eager_us=bench["eager"]["median_us"], do_bench_compile_us=bench["compile"]["median_us"], do_bench_ours_us=bench["candidate"]["median_us"])
@@ -163,7 +166,7 @@ def main() -> int:
     print(f"\nall verdicts as expected: {ok}; total {total:.0f} s")
     if out_dir:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "bench_evaluator_gpu.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows, "pytest": pytest_result, "total_s": total, "ok": ok}, indent=1, default=str))
+        (out_dir / f"bench_evaluator_gpu{'_fast' if args.fast_build else ''}.json").write_text(json.dumps({"fast_build": args.fast_build, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows, "pytest": pytest_result, "total_s": total, "ok": ok}, indent=1, default=str))
     return 0 if ok else 1
 
 
