@@ -274,6 +274,28 @@ def check_outputs(modules: dict, backend: str) -> dict:
     return report
 
 
+def call_overhead_us(modules: dict, backend: str, calls: int = 2000) -> dict:
+    """Host time per call of each extension's axpby on 256 floats (binding + allocation + launch), median of 5."""
+    import torch
+
+    device = "cuda" if backend == "cuda" else "cpu"
+    x, y = torch.randn(256, device=device), torch.randn(256, device=device)
+    report = {}
+    for name, module in modules.items():
+        samples = []
+        for _ in range(5):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                module.axpby(x, y, 1.0, 2.0)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            samples.append((time.perf_counter() - t0) / calls * 1e6)
+        report[name] = statistics.median(samples)
+    return report
+
+
 def bench_examples(backend: str, work: Path, arch: str) -> list[dict]:
     """Each examples/solutions/<backend>/<stem>: fast cold and cached build, then outputs vs the task's Model."""
     import importlib.util
@@ -362,6 +384,7 @@ def main() -> int:
             results["kernelbench"] = kernelbench
             log(f"kernelbench: {kernelbench}")
         results["correctness_max_abs_diff"] = check_outputs(modules, backend)
+        results["call_overhead_us"] = call_overhead_us(modules, backend)
         if "examples" not in args.skip:
             results["examples"] = bench_examples(backend, work, arch)
     finally:
@@ -390,6 +413,8 @@ def main() -> int:
     print("correctness (max |diff|, inputs 2^20 floats):")
     for key, value in results["correctness_max_abs_diff"].items():
         print(f"    {key:<40}{value:.3g}")
+    print("host time per call, 256 floats (us): " + ", ".join(
+        f"{name} {value:.1f}" for name, value in results["call_overhead_us"].items()))
     for row in results.get("examples", []):
         print(f"    example {row['solution']:<26} {row['status']:<14} cold {fmt(row['cold_s'])} s  cached "
               f"{fmt(row['cached_s'])} s  matches: {row.get('matches_1e-2', row.get('error', '-'))}")
