@@ -682,3 +682,20 @@ def test_paths_that_leave_the_workspace_are_never_written(cache, tmp_path):
     files = {"kernels/../../escape_binding.cpp": b"x", "kernels/ok_binding.cpp": b"y", "/abs/kernels/a.cpp": b"z",
              "kernels/sub/../../../up.h": b"w"}
     assert select_sources(files, "host") == {"kernels/ok_binding.cpp": b"y"}
+
+
+def test_runtime_readiness_is_known_without_importing_torch(axpby_ext, tmp_path):
+    import os
+
+    from evaluator_cuda.fastbuild import binding_runtime_ready
+
+    assert not binding_runtime_ready(tmp_path / "empty-cache")
+    code = ("import sys, time\nt0 = time.perf_counter()\n"
+            "from evaluator_cuda.fastbuild.runtime import binding_runtime_ready\n"
+            "ready = binding_runtime_ready()\n"
+            "print(ready, 'torch' in sys.modules, time.perf_counter() - t0)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    ready, imported_torch, seconds = done.stdout.split()
+    assert (ready, imported_torch) == ("True", "False"), done.stderr[-2000:]
+    assert float(seconds) < 1.0

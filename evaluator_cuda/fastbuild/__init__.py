@@ -18,10 +18,17 @@ evaluator_cuda.build uses build_adapter.fast_build_workspace (same result type a
 """
 
 from .builder import FastBuildResult, build_fast, read_solution, select_sources, warm_up
-from .runtime import ensure_binding_runtime, is_fast_extension, load_extension, load_fast_extension
+from .runtime import (
+    binding_runtime_ready,
+    ensure_binding_runtime,
+    is_fast_extension,
+    load_extension,
+    load_fast_extension,
+)
 
 __all__ = [
     "FastBuildResult",
+    "binding_runtime_ready",
     "build_fast",
     "ensure_binding_runtime",
     "is_fast_extension",

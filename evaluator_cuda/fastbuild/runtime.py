@@ -55,11 +55,41 @@ def runtime_key() -> str:
     )
 
 
-def runtime_dir(cache_dir: Path | str | None = None) -> Path:
+def _cache_root(cache_dir: Path | str | None) -> Path:
     from .builder import default_cache_dir
 
-    root = Path(cache_dir) if cache_dir else default_cache_dir()
-    return root / "runtime" / runtime_key()
+    return Path(cache_dir) if cache_dir else default_cache_dir()
+
+
+def _ready_marker(cache_dir: Path | str | None) -> Path:
+    """A marker named by what can be known without importing torch (torch's installed version, not its CUDA)."""
+    from .toolchain import torch_version
+
+    try:
+        from importlib.metadata import version
+
+        torch_dist = version("torch")
+    except Exception:
+        torch_dist = ".".join(map(str, torch_version()))
+    cheap = digest_of(RUNTIME_BUILDER_VERSION, RUNTIME_SOURCE.read_bytes(), ABI_HEADER.read_bytes(), torch_dist,
+                      f"{sys.version_info[0]}.{sys.version_info[1]}", sys.implementation.cache_tag or "")
+    return _cache_root(cache_dir) / "runtime" / f"ready-{cheap}"
+
+
+def binding_runtime_ready(cache_dir: Path | str | None = None) -> bool:
+    """Whether the binding runtime is already built for this torch and runtime source (no torch import: ~1 ms).
+
+    Lets a parent skip starting a child (or importing torch) just to check the runtime before every build.
+    """
+    marker = _ready_marker(cache_dir)
+    try:
+        return Path(marker.read_text().strip()).exists()
+    except OSError:
+        return False
+
+
+def runtime_dir(cache_dir: Path | str | None = None) -> Path:
+    return _cache_root(cache_dir) / "runtime" / runtime_key()
 
 
 def _import_built(path: Path) -> types.ModuleType:
@@ -114,6 +144,13 @@ def ensure_binding_runtime(cache_dir: Path | str | None = None, verbose: bool = 
             verbose=verbose,
         )
     sys.modules[RUNTIME_NAME] = _RUNTIME
+    try:  # record readiness for binding_runtime_ready()
+        marker = _ready_marker(cache_dir)
+        tmp = marker.with_name(f".{marker.name}.{os.getpid()}.tmp")
+        tmp.write_text(str(Path(_RUNTIME.__file__).resolve()))
+        os.replace(tmp, marker)
+    except OSError:
+        pass
     return _RUNTIME
 
 
