@@ -164,9 +164,11 @@ def _fast_build(files: dict[str, bytes], settings: EvalSettings) -> BuildResult 
     built here, in a build child, so a candidate process never compiles harness code.
     """
     from .fastbuild.build_adapter import fast_build_workspace
+    from .fastbuild.runtime import binding_runtime_ready
 
     result = fast_build_workspace(files, settings)
-    if result is None or result.status != "built" or str(fast_build_dir(settings)) in _RUNTIME_READY:
+    folder = fast_build_dir(settings)
+    if result is None or result.status != "built" or str(folder) in _RUNTIME_READY or binding_runtime_ready(folder):
         return result
     begin = time.perf_counter()
     try:
