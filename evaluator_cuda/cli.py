@@ -16,7 +16,7 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def _settings(backend: str, repeats: Optional[int], warmup: Optional[int], profile: bool, cache_dir: Optional[Path], fast_build: bool = False):
+def _settings(backend: str, repeats: Optional[int], warmup: Optional[int], profile: bool, cache_dir: Optional[Path], fast_build: bool = True):
     from .bench import resolve_backend
     from .settings import EvalSettings
 
@@ -62,7 +62,7 @@ def bench(
     warmup: Optional[int] = typer.Option(None, help="Untimed warm-up calls."),
     profile: bool = typer.Option(True, help="Time candidates and baselines (--no-profile: verdicts only)."),
     cache_dir: Optional[Path] = typer.Option(None, help="Cache folder (default $CUDA_AGENT_CACHE or ~/.cache/cuda-agent)."),
-    fast_build: bool = typer.Option(False, help="Try the slim-header fast build before the torch build."),
+    fast_build: bool = typer.Option(True, help="Slim-header fast build first (--no-fast-build: always the torch build)."),
 ) -> None:
     """Evaluate a task set (and its solutions) and print the KernelBench-style table."""
     import time
@@ -93,7 +93,7 @@ def evaluate(
     warmup: Optional[int] = typer.Option(None),
     profile: bool = typer.Option(True),
     cache_dir: Optional[Path] = typer.Option(None),
-    fast_build: bool = typer.Option(False, help="Try the slim-header fast build before the torch build."),
+    fast_build: bool = typer.Option(True, help="Slim-header fast build first (--no-fast-build: always the torch build)."),
 ) -> None:
     """Evaluate one solution for one task and print its result record as JSON."""
     from .evaluation import evaluate as evaluate_candidate
@@ -132,3 +132,6 @@ def register(app: typer.Typer) -> None:
     app.command("bench")(bench)
     app.command("evaluate")(evaluate)
     app.add_typer(workspace_app, name="workspace")
+    from .fastbuild.cli import register as register_fast_build
+
+    register_fast_build(app)

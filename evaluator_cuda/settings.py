@@ -51,7 +51,7 @@ class EvalSettings:
     compile_timeout_s: float = 300.0
     child_timeout_s: float = 300.0  # per request to a verify/profile child (torch.compile can be slow)
     cache_dir: str | None = None  # None: cache_root()
-    fast_build: bool = False  # try evaluator_cuda.fastbuild (slim headers, seconds) before the torch build
+    fast_build: bool = True  # evaluator_cuda.fastbuild first (slim headers, ~1 s); the torch build when it cannot decide
 
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else cache_root()

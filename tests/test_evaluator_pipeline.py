@@ -322,14 +322,15 @@ def test_kernelbench_load_inline_solutions(build_cache):
     assert any("undefined_name" in d["message"] and d["line"] for d in record["diagnostics"]), record["diagnostics"][:3]
 
 
-def test_fast_build_path_gives_the_same_verdicts(build_cache):
-    """settings.fast_build: evaluator_cuda.fastbuild builds the workspace; verdicts are unchanged."""
-    settings = host(build_cache, fast_build=True)
-    honest = evaluate(AXPY_TASK, workspace("+"), settings)
-    assert honest["status"] == "correct", (honest["message"], honest["diagnostics"][:2])
+def test_fast_build_and_torch_build_give_the_same_verdicts(build_cache):
+    """The default fast build (evaluator_cuda.fastbuild) and the torch build agree on verdicts."""
     from evaluator_cuda.fastbuild.runtime import is_fast_extension
 
-    libs = [p for p in (Path(build_cache) / "fastbuild").rglob("*.so") if honest["build"]["key"] in str(p)]
-    assert libs and is_fast_extension(libs[0])  # the candidate ran on the fast-built library
-    wrong = evaluate(AXPY_TASK, workspace("-"), settings)
-    assert wrong["status"] == "incorrect" and wrong["reward"] == -1
+    for fast in (True, False):
+        settings = host(build_cache, fast_build=fast)
+        honest = evaluate(AXPY_TASK, workspace("+"), settings)
+        assert honest["status"] == "correct", (fast, honest["message"], honest["diagnostics"][:2])
+        libs = [p for p in Path(build_cache).rglob("*.so") if honest["build"]["key"] in str(p)]
+        assert libs and is_fast_extension(libs[0]) == fast  # the candidate ran on the library of that path
+        wrong = evaluate(AXPY_TASK, workspace("-"), settings)
+        assert wrong["status"] == "incorrect" and wrong["reward"] == -1
