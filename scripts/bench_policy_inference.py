@@ -140,9 +140,12 @@ def part_decode(quick: bool) -> dict:
         out_box["out"] = generate(lm, prompts, mask, params, next(keys))
         return out_box["out"].tokens
 
+    print(f"decode part: cache check done (max |diff| {cache_err:.1e}); model built", flush=True)
     gen_s, gen_compile_s = _timed(run_generate, sizes["timed"])
+    print(f"decode part: generate {gen_s:.3f} s per call (first call {gen_compile_s:.1f} s)", flush=True)
     graphdef, state = nnx.split(lm)
     prefill_s, _ = _timed(lambda: _prefill_jit(graphdef, state, prompts, mask, t + n, "compute")[0], sizes["timed"])
+    print(f"decode part: prefill {prefill_s:.3f} s per call", flush=True)
     out = out_box["out"]
     assert int(jnp.min(out.lengths)) == n, "no stop tokens were set: every row must run to max_new_tokens"
 
@@ -229,16 +232,27 @@ def part_logprobs(quick: bool, precision: str, attention: str) -> dict:
 
 
 def _run_child(args: list[str], timeout: float) -> dict:
+    """Run one part in its own process; print its outcome at once, so a run cut short still reports."""
     cmd = [sys.executable, __file__, *args]
+    begin = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"error": " | ".join(tail) or f"exit {proc.returncode}"}
+    except subprocess.TimeoutExpired as exc:
+        result = {"error": f"timed out after {timeout:.0f} s"}
+        partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        if partial.strip():
+            result["partial_output"] = partial.strip().splitlines()[-5:]
+    else:
+        result = None
+        for line in reversed(proc.stdout.splitlines()):
+            if line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+                break
+        if result is None:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            result = {"error": " | ".join(tail) or f"exit {proc.returncode}"}
+    print(f"[{time.perf_counter() - begin:6.1f} s] part {' '.join(args)}: {json.dumps(result)[:600]}", flush=True)
+    return result
 
 
 def _fmt(x, spec="{:,.0f}"):
