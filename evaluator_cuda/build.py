@@ -58,6 +58,8 @@ def select_sources(files: dict[str, bytes], backend: str) -> dict[str, bytes]:
         path = Path(rel)
         if not path.parts or path.parts[0] != "kernels" or path.name in HARNESS_FILES:
             continue
+        if path.is_absolute() or ".." in path.parts or "\\" in rel:
+            continue  # a path that would leave the staging folder is never written, let alone compiled
         is_binding = path.name.endswith("_binding.cpp")
         if path.suffix in HEADER_SUFFIXES or is_binding:
             chosen[rel] = data

@@ -29,6 +29,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..build import HARNESS_FILES, HEADER_SUFFIXES, select_sources  # one rule for both build paths
 from ..diagnostics import parse_compiler_output
 from .compile_errors import INCLUDE_DIR, link_gap_reason, shim_gap_reason
 from .toolchain import (
@@ -47,8 +48,6 @@ from .toolchain import (
 FAST_BUILDER_VERSION = "1"
 HARNESS_SOURCE = Path(__file__).parent / "harness" / "fast_module.cpp"
 HARNESS_REL = "<harness>/fast_module.cpp"
-HEADER_SUFFIXES = (".h", ".cuh", ".hpp", ".inl")
-HARNESS_FILES = ("binding.cpp", "binding_registry.h")  # a workspace copy of the harness is never compiled
 SO_NAME = "cuda_extension.so"
 EXPORTED_SYMBOLS = ("cuda_agent_fast_attach", "cuda_agent_fast_bindings", "cuda_agent_fast_free_result",
                     "PyInit_cuda_extension")
@@ -88,22 +87,6 @@ class CompileUnit:
     role: str  # "kernel" | "binding" | "harness"
     compiler: str  # "nvcc" | "cxx"
     source: bytes
-
-
-def select_sources(files: dict[str, bytes], backend: str) -> dict[str, bytes]:
-    """The files of a workspace that take part in a `backend` build (same rule as evaluator_cuda.build)."""
-    chosen = {}
-    for rel, data in files.items():
-        path = Path(rel)
-        if not path.parts or path.parts[0] != "kernels" or path.name in HARNESS_FILES:
-            continue
-        if path.is_absolute() or ".." in path.parts or "\\" in rel:
-            continue  # a path that would leave the staging folder is never written, let alone compiled
-        if path.suffix in HEADER_SUFFIXES or path.name.endswith("_binding.cpp"):
-            chosen[rel] = data
-        elif (backend == "cuda" and path.suffix == ".cu") or (backend == "host" and path.suffix == ".cpp"):
-            chosen[rel] = data
-    return chosen
 
 
 def read_solution(solution_dir: Path) -> dict[str, bytes]:
