@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 
 from .diagnostics import parse_compiler_output
-from .sandbox import Child, ChildFailed
+from .sandbox import child_guard, Child, ChildFailed
 from .settings import EvalSettings
 
 BUILDER_VERSION = "1"
@@ -174,7 +174,7 @@ def _fast_build(files: dict[str, bytes], settings: EvalSettings) -> BuildResult 
         return result
     begin = time.perf_counter()
     try:
-        with tempfile.TemporaryDirectory(prefix="runtime-") as scratch, Child("build", Path(scratch), env=build_env(settings)) as child:
+        with tempfile.TemporaryDirectory(prefix="runtime-") as scratch, Child("build", Path(scratch), env=build_env(settings), guard=child_guard(settings)) as child:
             reply = child.request({"cmd": "runtime", "cache_dir": str(fast_build_dir(settings))}, timeout=settings.compile_timeout_s)
     except ChildFailed as exc:
         return BuildResult("infra_error", [{"file": None, "line": None, "message": f"binding runtime: {exc}"}], None, result.build_seconds, False, result.key)
@@ -210,7 +210,7 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
             "cuda_cflags": list(NVCC_FLAGS),
         }
         try:
-            with Child("build", work, env=build_env(settings)) as child:
+            with Child("build", work, env=build_env(settings), guard=child_guard(settings)) as child:
                 reply = child.request(request, timeout=settings.compile_timeout_s)
         except ChildFailed as exc:
             seconds = time.perf_counter() - begin

@@ -50,8 +50,8 @@ def _handlers(role: str):
 
 
 def serve(role: str) -> None:
-    file_size, open_files = (int(v) for v in os.environ.pop(LIMITS_ENV, "8589934592,4096").split(","))
-    limit_resources(file_size, open_files)
+    limits = [int(v) for v in os.environ.pop(LIMITS_ENV, "8589934592,4096").split(",")]
+    limit_resources(*limits)
     sock = socket.socket(fileno=int(os.environ[CHANNEL_FD_ENV]))
     os.environ.pop(CHANNEL_FD_ENV, None)
     handler = _handlers(role)

@@ -14,6 +14,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from . import profile as _profile  # noqa: F401  (binds the harness clock before candidate code loads)
 from .child import HandlerError, one_line
 from .tasks import TaskError, exec_task
 
@@ -56,7 +57,13 @@ def _unsendable(value, depth: int = 0) -> str | None:
 
     if depth > 8:
         return "a structure nested too deeply"
-    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+    if isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor:
+            return f"a tensor of class {type(value).__name__} (expected exactly torch.Tensor)"
+        if value.is_meta or (value.numel() and value.untyped_storage().nbytes() == 0):
+            return "a tensor without real storage"
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
         return None
     if isinstance(value, (list, tuple)):
         return next((p for p in (_unsendable(v, depth + 1) for v in value) if p), None)
@@ -71,7 +78,11 @@ class CandidateRole:
         self.model = None
         self.device = "cpu"
         self.block_torch = True
-        self.profile_args = None
+        self.threads_at_start: set = set()
+        self.block_sizes: list[int] = []
+        self.flush = None
+        self.extension_calls = [0]
+        self.require_extension = False
 
     def do_load(self, req: dict) -> dict:
         self.device = req["device"]
@@ -80,9 +91,11 @@ class CandidateRole:
         sys.path.insert(0, str(solution_dir))
         import torch  # noqa: F401  (torch before any extension)
 
+        self.require_extension = req["format"] != "reference" and self.block_torch
+        _count_built_extensions(self.extension_calls)
         if req.get("extension_path"):
             try:
-                load_extension_module(req["extension_path"], req.get("fast_cache_dir"))
+                count_extension_calls(load_extension_module(req["extension_path"], req.get("fast_cache_dir")), self.extension_calls)
             except Exception as exc:
                 raise HandlerError("compile", f"the built extension does not import: {one_line(exc)}", traceback.format_exc()) from None
         fmt = req["format"]
@@ -108,11 +121,9 @@ class CandidateRole:
         self.model_class = model_class
         return {}
 
-    def do_check(self, req: dict) -> dict:
-        import torch
-
-        from .child_reference import to_device
-        from .torch_guard import ForbiddenTorchCompute, refuse_torch_compute
+    def do_prepare(self, req: dict) -> dict:
+        """Build ModelNew with the reference's constructor arguments and weights."""
+        import threading
 
         try:
             model = self.model_class(*req["init_inputs"])
@@ -124,38 +135,119 @@ class CandidateRole:
         except Exception as exc:
             raise HandlerError("state_dict", f"ModelNew does not take the reference's state_dict: {one_line(exc)}") from None
         self.model = model
-        outputs = []
-        for index, inputs in enumerate(req["inputs"]):
-            args = [a.clone() if isinstance(a, torch.Tensor) else a for a in to_device(inputs, self.device)]
-            try:
-                with torch.no_grad(), refuse_torch_compute(self.block_torch):
-                    out = model(*args)
-                if self.device == "cuda":
-                    torch.cuda.synchronize()
-            except ForbiddenTorchCompute as exc:
-                raise HandlerError("forbidden", str(exc), _candidate_traceback(exc)) from None
-            except Exception as exc:
-                raise HandlerError("runtime", f"forward on input set {index} raised {one_line(exc)}", _candidate_traceback(exc)) from None
-            problem = _unsendable(out)
-            if problem:
-                raise HandlerError("incorrect", f"forward on input set {index} returned {problem}")
-            outputs.append(out)
-            if index == 0:
-                self.profile_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in to_device(inputs, self.device)]
-        return {"outputs": outputs}
+        self.threads_at_start = {t.ident for t in threading.enumerate()}
+        return {}
 
-    def do_profile(self, req: dict) -> dict:
-        from .profile import summarize_times, time_forward
+    def do_call(self, req: dict) -> dict:
+        """One call of the candidate: every call (checked or timed) takes exactly this path.
 
-        model, args = self.model, self.profile_args
+        Fresh device copies of the inputs the parent sent, poisoned allocator blocks, L2
+        flushed, torch compute refused, timed, synchronised; the output is copied out at once
+        and the inputs compared with pristine copies.
+        """
+        import threading
+
+        import torch
+
+        from .child_reference import to_device
+        from .profile import flush_l2, poison_allocator, time_one_call
+        from .torch_guard import ForbiddenTorchCompute, refuse_torch_compute
+
+        if self.model is None:
+            raise HandlerError("internal", "call before prepare")
+        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in to_device(req["inputs"], self.device)]
+        pristine = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
+        poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)
+        if self.device == "cuda" and self.flush is None and int(req.get("l2_flush_bytes", 0)):
+            self.flush = torch.empty(int(req["l2_flush_bytes"]) // 4, dtype=torch.int32, device="cuda")
+        flush_l2(self.flush)
+        calls_before = self.extension_calls[0]
+        model = self.model
         try:
-            samples, last = time_forward(
-                lambda: model(*args),
-                warmup=int(req["warmup"]),
-                repeats=int(req["repeats"]),
-                device_type=self.device,
-                l2_flush_bytes=int(req["l2_flush_bytes"]),
-            )
+            with torch.no_grad(), refuse_torch_compute(self.block_torch):
+                out, time_us, wall_us = time_one_call(lambda: model(*args), self.device)
+        except ForbiddenTorchCompute as exc:
+            raise HandlerError("forbidden", str(exc), _candidate_traceback(exc)) from None
         except Exception as exc:
-            raise HandlerError("runtime", f"forward while profiling raised {one_line(exc)}", _candidate_traceback(exc)) from None
-        return {"times": summarize_times(samples), "output": last}
+            raise HandlerError("runtime", f"forward raised {one_line(exc)}", _candidate_traceback(exc)) from None
+        problem = _unsendable(out)
+        if problem:
+            raise HandlerError("incorrect", f"forward returned {problem}")
+        if self.require_extension and self.extension_calls[0] == calls_before:
+            raise HandlerError("no_kernel", "forward never called the custom extension (a real kernel must run on every call)")
+        new_threads = {t.ident for t in threading.enumerate()} - self.threads_at_start
+        if new_threads:
+            raise HandlerError("threads", f"the candidate started {len(new_threads)} thread(s); background work is not allowed")
+        mutated = [i for i, (a, p) in enumerate(zip(args, pristine)) if p is not None and not _same_tensor(a, p)]
+        if mutated:
+            raise HandlerError("mutated_inputs", f"forward modified its input(s) {mutated}")
+        copied = _copy_out(out)
+        self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out), *_tensor_bytes(args)})[-8:]
+        return {"output": copied, "time_us": time_us, "wall_us": wall_us}
+
+
+def _same_tensor(a, b) -> bool:
+    import torch
+
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))))
+
+
+def _tensor_bytes(value) -> list[int]:
+    """Byte sizes of the tensors in a nested value (the allocation sizes worth poisoning)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value.numel() * value.element_size()] if value.numel() else []
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _tensor_bytes(v)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _tensor_bytes(v)]
+    return []
+
+
+def _copy_out(value):
+    """A harness-owned copy of an output, made right after the call (later calls cannot alter it)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, list):
+        return [_copy_out(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copy_out(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copy_out(v) for k, v in value.items()}
+    return value
+
+
+def count_extension_calls(module, counter: list) -> None:
+    """Replace each public callable of the extension module by a wrapper that counts calls."""
+    import functools
+
+    for name in dir(module):
+        fn = getattr(module, name)
+        if name.startswith("_") or not callable(fn) or isinstance(fn, type):
+            continue
+
+        def wrapper(*args, __fn=fn, **kwargs):
+            counter[0] += 1
+            return __fn(*args, **kwargs)
+
+        functools.update_wrapper(wrapper, fn) if hasattr(fn, "__name__") else None
+        setattr(module, name, wrapper)
+
+
+def _count_built_extensions(counter: list) -> None:
+    """Make extensions a KernelBench file builds itself (load_inline / load) count their calls too."""
+    from torch.utils import cpp_extension
+
+    for name in ("load_inline", "load"):
+        original = getattr(cpp_extension, name)
+
+        def loader(*args, __original=original, **kwargs):
+            module = __original(*args, **kwargs)
+            if module is not None and not isinstance(module, str):
+                count_extension_calls(module, counter)
+            return module
+
+        setattr(cpp_extension, name, loader)

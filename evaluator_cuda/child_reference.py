@@ -113,6 +113,34 @@ class ReferenceRole:
             raise HandlerError("task", str(exc)) from None
         return {"inputs": input_sets, "outputs": outputs}
 
+    def _inputs_from_seed(self, seed: int) -> list:
+        import torch
+
+        torch.manual_seed(int(seed))
+        return _check_inputs(self.task_name, "get_inputs", self._task_call("get_inputs()", self.namespace["get_inputs"]))
+
+    def do_inputs(self, req: dict) -> dict:
+        """Input sets for timed calls (no outputs yet: the parent asks for the ones it checks)."""
+        try:
+            return {"inputs": [self._inputs_from_seed(seed) for seed in req["seeds"]]}
+        except TaskError as exc:
+            raise HandlerError("task", str(exc)) from None
+
+    def do_outputs(self, req: dict) -> dict:
+        """Reference outputs for input sets regenerated from their seeds (untouched inputs)."""
+        import torch
+
+        outputs = []
+        try:
+            for seed in req["seeds"]:
+                device_inputs = to_device(self._inputs_from_seed(seed), self.device)
+                with torch.no_grad():
+                    outputs.append(self._task_call("the reference forward", lambda: self.model(*device_inputs)))
+                _sync(self.device)
+        except TaskError as exc:
+            raise HandlerError("task", str(exc)) from None
+        return {"outputs": outputs}
+
     def do_baselines(self, req: dict) -> dict:
         import torch
 

@@ -23,18 +23,21 @@ from .build import build_env, build_workspace
 from .child import one_line
 from .diagnostics import parse_compiler_output
 from .record import finish, new_record
-from .sandbox import Child, ChildFailed
+from .sandbox import Child, ChildFailed, child_guard
 from .settings import EvalSettings
 from .solutions import Solution
 from .tasks import Task
-from .verify import compare_outputs
+from .profile import summarize_times
+from .static_checks import check_solution_sources
+from .verify import compare_outputs, outputs_ignore_inputs, precision_bound, relative_error
 
 
 class _Verdict(Exception):
     """Stops an evaluation with a final status."""
 
-    def __init__(self, status: str, message: str, diagnostics: list | None = None):
+    def __init__(self, status: str, message: str, diagnostics: list | None = None, rejected: str | None = None):
         super().__init__(message)
+        self.rejected = rejected
         self.status = status
         self.message = message
         self.diagnostics = diagnostics
@@ -51,6 +54,9 @@ def _reply(child: Child, message: dict, timeout: float, harness: bool, tensor_me
         raise _Verdict(status, text) from None
 
 
+# Named rejections the candidate child reports (record["rejected"]).
+_REJECTION_KINDS = ("no_kernel", "threads", "mutated_inputs")
+_CUDA_ERROR_MARKERS = ("CUDA error", "cudaError", "illegal memory access", "CUBLAS_STATUS", "device-side assert")
 _CANDIDATE_KINDS = {"forbidden": "incorrect", "state_dict": "incorrect", "incorrect": "incorrect", "runtime": "runtime_error", "task": "task_error", "internal": "infra_error"}
 
 
@@ -62,6 +68,8 @@ def _fail_from_candidate(reply: dict) -> None:
     if kind == "syntax":
         file, line, msg = (reply.get("detail", "").split("\n", 2) + ["", "", ""])[:3]
         raise _Verdict("compile_error", message, [{"file": file, "line": int(line) if line.isdigit() else None, "message": msg}])
+    if kind in _REJECTION_KINDS:
+        raise _Verdict("incorrect", f"rejected: {kind}: {message}", rejected=kind)
     status = _CANDIDATE_KINDS.get(kind, "runtime_error")
     diagnostics = [{"file": None, "line": None, "message": message}]
     if reply.get("detail"):
@@ -84,6 +92,14 @@ def _write_solution(solution: Solution, task: Task, folder: Path) -> None:
     (folder / "model.py").write_text(task.source)
 
 
+def _make_read_only(folder: Path) -> None:
+    """The candidate's copy of its solution (and the task) read-only: files 0444, folders 0555.
+    The candidate child's own logs live one level up, outside this folder."""
+    for path in sorted(folder.rglob("*"), reverse=True):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    folder.chmod(0o555)
+
+
 def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: bytes | None = None) -> dict:
     """Evaluate `solution` for `task`; returns the result record (never raises for a bad candidate)."""
     record = new_record(task.name, solution.label or task.stem, solution.format, settings)
@@ -94,16 +110,27 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
     try:
         _evaluate(task, solution, settings, artifact, record, workdir)
     except _Verdict as verdict:
+        if verdict.status == "runtime_error" and any(m in verdict.message for m in _CUDA_ERROR_MARKERS):
+            record["needs_recycle"] = True  # the candidate child is discarded; a worker sharing a GPU context should restart
+        if verdict.rejected:
+            record["rejected"] = verdict.rejected
         finish(record, verdict.status, verdict.message, verdict.diagnostics)
     except Exception as exc:  # a bug in the harness itself: never the candidate's fault
         finish(record, "infra_error", f"harness error: {one_line(exc)}")
     finally:
+        for path in workdir.rglob("*"):
+            if path.is_dir():
+                path.chmod(0o755)
         shutil.rmtree(workdir, ignore_errors=True)
         record["wall_s"]["total"] = round(time.perf_counter() - begin, 4)
     return record
 
 
 def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: bytes | None, record: dict, workdir: Path) -> None:
+    findings = check_solution_sources(solution.files) if solution.format != "reference" and settings.block_torch else []
+    if findings:
+        diagnostics = [{"file": None, "line": None, "message": f.message} for f in findings]
+        raise _Verdict("incorrect", f"rejected: {findings[0].reason}: {findings[0].message}", diagnostics, rejected=findings[0].reason)
     extension_path = None
     if solution.format == "workspace":
         if artifact is not None:
@@ -119,10 +146,13 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
             extension_path = Path(built.so_path)
     solution_dir = workdir / "solution"
     _write_solution(solution, task, solution_dir)
+    _make_read_only(solution_dir)
     device = settings.device_type()
     env = build_env(settings)
+    guard = child_guard(settings)
+    record["sandbox"] = {k: v for k, v in guard.items() if k != "command_prefix"}
     verify_begin = time.perf_counter()
-    with Child("reference", workdir, env=env) as reference, Child("candidate", solution_dir, env=env, log_name="../candidate.log") as candidate:
+    with Child("reference", workdir, env=env) as reference, Child("candidate", solution_dir, env=env, log_name="../candidate.log", guard=guard) as candidate:
         init_seed = secrets.randbits(31)
         seeds = [secrets.randbits(31) for _ in range(settings.checks)]
         record["seeds"] = {"init": init_seed, "inputs": seeds}
@@ -152,18 +182,68 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         ref = _reply(reference, {"cmd": "reference", "seeds": seeds}, settings.child_timeout_s, harness=True)
         if not ref.get("ok"):
             _fail_from_reference(ref)
-        meta: list = []
-        checked = _reply(candidate, {"cmd": "check", "init_inputs": loaded["init_inputs"], "state_dict": loaded["state_dict"], "inputs": ref["inputs"]}, settings.child_timeout_s, harness=False, tensor_meta=meta)
-        if not checked.get("ok"):
-            _fail_from_candidate(checked)
-        outputs = checked.get("outputs")
-        if not isinstance(outputs, list) or len(outputs) != len(seeds):
-            raise _Verdict("incorrect", "the candidate process returned the wrong number of outputs")
-        meta_per_set = _split_meta(meta, outputs)
-        for index, (expected, actual) in enumerate(zip(ref["outputs"], outputs)):
-            problem = compare_outputs(expected, actual, meta_per_set[index], device, settings.atol, settings.rtol)
+        prepared = _reply(candidate, {"cmd": "prepare", "init_inputs": loaded["init_inputs"], "state_dict": loaded["state_dict"]}, settings.child_timeout_s, harness=False)
+        if not prepared.get("ok"):
+            _fail_from_candidate(prepared)
+
+        # Timed input sets: fresh seeds per call while they fit the byte budget, else a rotating pool.
+        n_timed = settings.warmup + settings.repeats if settings.profile else 0
+        set_bytes = max(1, _nbytes(ref["inputs"][0]) if ref["inputs"] else 1)
+        n_distinct = min(n_timed, max(1, settings.fresh_input_bytes // set_bytes)) if n_timed else 0
+        timed_seeds = [secrets.randbits(31) for _ in range(n_distinct)]
+        record["seeds"]["timed"] = timed_seeds
+        record["fresh_inputs_per_call"] = n_distinct == n_timed
+        timed_inputs = []
+        if n_distinct:
+            got = _reply(reference, {"cmd": "inputs", "seeds": timed_seeds}, settings.child_timeout_s, harness=True)
+            if not got.get("ok"):
+                _fail_from_reference(got)
+            timed_inputs = got["inputs"]
+
+        # One schedule of calls, all through the same path: check sets interleaved at random
+        # positions among the timed ones; a secret sample of timed calls is checked as well.
+        rng = secrets.SystemRandom()
+        schedule = [("check", i) for i in range(len(seeds))] + [("timed", j % max(n_distinct, 1)) for j in range(n_timed)]
+        rng.shuffle(schedule)
+        timed_positions = [k for k, (kind, _) in enumerate(schedule) if kind == "timed"]
+        sampled = set(rng.sample(timed_positions, min(settings.timed_checks, len(timed_positions))))
+        outputs: dict[int, tuple] = {}
+        times, walls = [], []
+        for position, (kind, index) in enumerate(schedule):
+            inputs = ref["inputs"][index] if kind == "check" else timed_inputs[index]
+            meta: list = []
+            reply = _reply(candidate, {"cmd": "call", "inputs": inputs, "poison": position % 2, "l2_flush_bytes": settings.l2_flush_bytes}, settings.child_timeout_s, harness=False, tensor_meta=meta)
+            if not reply.get("ok"):
+                _fail_from_candidate(reply)
+            if kind == "check" or position in sampled:
+                outputs[position] = (reply.get("output"), meta)
+            if position >= settings.warmup:
+                times.append(reply.get("time_us"))
+                walls.append(reply.get("wall_us"))
+
+        check_positions = sorted(k for k in outputs if schedule[k][0] == "check")
+        timed_checked = sorted(k for k in outputs if schedule[k][0] == "timed")
+        expected_timed = []
+        if timed_checked:
+            more = _reply(reference, {"cmd": "outputs", "seeds": [timed_seeds[schedule[k][1]] for k in timed_checked]}, settings.child_timeout_s, harness=True)
+            if not more.get("ok"):
+                _fail_from_reference(more)
+            expected_timed = more["outputs"]
+        expected_at = {k: ref["outputs"][schedule[k][1]] for k in check_positions}
+        expected_at.update(zip(timed_checked, expected_timed))
+        worst_error = None
+        for k in check_positions + timed_checked:
+            actual, meta = outputs[k]
+            problem = compare_outputs(expected_at[k], actual, meta, device, settings.atol, settings.rtol, settings.norm_rtol)
             if problem:
-                raise _Verdict("incorrect", f"input set {index}: {problem}")
+                what = f"input set {schedule[k][1]}" if schedule[k][0] == "check" else "output of a timed call"
+                raise _Verdict("incorrect", f"{what}: {problem}")
+            err = relative_error(expected_at[k], actual)
+            worst_error = err if worst_error is None or (err is not None and err > worst_error) else worst_error
+        if outputs_ignore_inputs([expected_at[k] for k in check_positions], [outputs[k][0] for k in check_positions]):
+            _reject("constant_output", "the output does not change when the inputs change")
+        record["checked_calls"] = {"checks": len(check_positions), "timed": len(timed_checked), "calls": len(schedule)}
+        _record_precision(record, expected_at[check_positions[0]] if check_positions else None, worst_error, settings)
         record["wall_s"]["verify"] = round(time.perf_counter() - verify_begin, 4)
         if not settings.profile:
             finish(record, "correct")
@@ -187,42 +267,50 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         record["times_us"]["compile"] = baselines.get("compile")
         if baselines.get("compile_error"):
             record["compile_baseline_error"] = baselines["compile_error"]
-
-        profile_begin = time.perf_counter()
-        meta = []
-        profiled = _reply(candidate, {"cmd": "profile", **protocol}, settings.child_timeout_s, harness=False, tensor_meta=meta)
-        if not profiled.get("ok"):
-            _fail_from_candidate(profiled)
-        problem = compare_outputs(ref["outputs"][0], profiled.get("output"), meta, device, settings.atol, settings.rtol)
-        if problem:
-            raise _Verdict("incorrect", f"output of a timed call: {problem}")
-        record["times_us"]["candidate"] = _valid_times(profiled.get("times"))
-        record["wall_s"]["profile"] = round(time.perf_counter() - profile_begin, 4)
+        record["times_us"]["candidate"] = _valid_times(times, walls)
+        record["wall_s"]["profile"] = round(time.perf_counter() - verify_begin - record["wall_s"]["verify"], 4)
+        _record_speed_of_light(record, set_bytes + _nbytes(expected_at[check_positions[0]]) if check_positions else set_bytes, settings)
     finish(record, "correct")
 
 
-def _valid_times(times) -> dict:
-    if not isinstance(times, dict) or not isinstance(times.get("median_us"), (int, float)) or not times["median_us"] > 0:
-        raise _Verdict("runtime_error", "the candidate process reported no valid timing")
-    return times
+def _reject(reason: str, message: str) -> None:
+    """A named rejection: status incorrect, record["rejected"] = reason."""
+    raise _Verdict("incorrect", f"rejected: {reason}: {message}", rejected=reason)
 
 
-def _split_meta(meta: list, outputs: list) -> list[list]:
-    """Cut the flat tensor-metadata list into one list per input set (tensors in DFS order)."""
+def _nbytes(value) -> int:
     import torch
 
-    def count(value) -> int:
-        if isinstance(value, torch.Tensor):
-            return 1
-        if isinstance(value, (list, tuple)):
-            return sum(count(v) for v in value)
-        if isinstance(value, dict):
-            return sum(count(v) for v in value.values())
-        return 0
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 0
 
-    out, pos = [], 0
-    for value in outputs:
-        n = count(value)
-        out.append(meta[pos:pos + n])
-        pos += n
-    return out
+
+def _record_precision(record: dict, expected, worst_error: float | None, settings: EvalSettings) -> None:
+    """Flag (or reject) an output whose error looks like a lower-precision computation (hacks.md #15)."""
+    bound = precision_bound(expected) if expected is not None else None
+    suspected = bool(bound is not None and worst_error is not None and worst_error > bound)
+    record["precision"] = {"relative_error": worst_error, "bound": bound, "downgrade_suspected": suspected}
+    if suspected and settings.reject_precision_downgrade:
+        _reject("precision_downgrade", f"relative error {worst_error:.3g} exceeds the {bound:g} an honest kernel of this dtype reaches")
+
+
+def _record_speed_of_light(record: dict, bytes_moved: int, settings: EvalSettings) -> None:
+    """Flag a time below the bytes-over-bandwidth bound (hacks.md #18): inputs read and outputs written once."""
+    bound_us = bytes_moved / settings.peak_bandwidth * 1e6
+    median = record["times_us"]["candidate"]["median_us"]
+    record["sol_bound_us"] = bound_us
+    record["sol_violation"] = bool(median < bound_us)
+
+
+def _valid_times(times, walls=None) -> dict:
+    if not times or not all(isinstance(t, (int, float)) and t > 0 for t in times):
+        raise _Verdict("runtime_error", "the candidate process reported no valid timing")
+    stats = summarize_times([float(t) for t in times])
+    if walls and all(isinstance(w, (int, float)) for w in walls):
+        stats["wall_median_us"] = summarize_times([float(w) for w in walls])["median_us"]
+    return stats

@@ -12,6 +12,14 @@ import math
 import statistics
 import time
 
+# Bound once, when the harness is imported and before any candidate code runs: a candidate
+# that later replaces time.perf_counter_ns does not change what the harness reads (hacks.md #7).
+_clock_ns = time.perf_counter_ns
+
+# Two poison byte patterns, alternated call by call (hacks.md #1, #14): 0xFF is NaN in every
+# float format; 0x7F gives large finite values (3.4e38 in float32, 0x7F7F in bf16).
+POISON_BYTES = (0xFF, 0x7F)
+
 
 def summarize_times(samples_us: list[float]) -> dict:
     """Median and spread of per-call times (µs): median, mean, std, min, max, p25, p75, n."""
@@ -61,7 +69,50 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
         else:
             samples = []
             for _ in range(repeats):
-                begin = time.perf_counter_ns()
+                begin = _clock_ns()
                 output = call()
-                samples.append((time.perf_counter_ns() - begin) / 1000.0)
+                samples.append((_clock_ns() - begin) / 1000.0)
     return samples, output
+
+
+def poison_allocator(block_sizes: list[int], parity: int, device_type: str) -> None:
+    """Allocate blocks of the given byte sizes, fill them with a poison pattern and free them,
+    so that an output the candidate allocates next starts out as poison, not as an earlier
+    result (torch's caching allocator on CUDA, malloc's free lists on the host)."""
+    import torch
+
+    device = "cuda" if device_type == "cuda" else "cpu"
+    value = POISON_BYTES[parity % len(POISON_BYTES)]
+    blocks = [torch.empty(n, dtype=torch.uint8, device=device).fill_(value) for n in block_sizes if n > 0]
+    del blocks
+
+
+def flush_l2(buffer) -> None:
+    """Zero a buffer larger than L2 (no-op without one)."""
+    if buffer is not None:
+        buffer.zero_()
+
+
+def time_one_call(call, device_type: str):
+    """(output, device_time_us, wall_time_us) of one call.
+
+    CUDA: events around the call on the current stream, then a device-wide synchronize (work
+    left on other streams finishes before the wall clock stops); the wall time is a
+    cross-check. Host: the wall clock is the time.
+    """
+    if device_type == "cuda":
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        begin = _clock_ns()
+        start.record()
+        output = call()
+        end.record()
+        torch.cuda.synchronize()
+        wall_us = (_clock_ns() - begin) / 1000.0
+        return output, start.elapsed_time(end) * 1000.0, wall_us
+    begin = _clock_ns()
+    output = call()
+    wall_us = (_clock_ns() - begin) / 1000.0
+    return output, wall_us, wall_us

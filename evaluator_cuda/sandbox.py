@@ -40,14 +40,71 @@ class ChildFailed(Exception):
 LIMITS_ENV = "CUDA_AGENT_CHILD_LIMITS"
 
 
-def limit_resources(file_size_limit: int, open_files_limit: int) -> None:
+def _user_task_count() -> int:
+    """Processes and threads of this user now (what RLIMIT_NPROC counts)."""
+    uid, count = os.getuid(), 0
+    try:
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    if entry.stat().st_uid == uid:
+                        count += len(os.listdir(f"/proc/{entry.name}/task"))
+                except OSError:
+                    pass
+    except OSError:
+        return 0
+    return count
+
+
+def limit_resources(file_size_limit: int, open_files_limit: int, memory_bytes: int = 0, extra_processes: int = 0, cpu_seconds: int = 0) -> None:
     """Applied by the child to itself first thing, before any candidate code can run
-    (not a preexec_fn: the parent may be multi-threaded)."""
+    (not a preexec_fn: the parent may be multi-threaded). 0 leaves a limit unset."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     limit = open_files_limit if hard == resource.RLIM_INFINITY else min(open_files_limit, hard)
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    if memory_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    if cpu_seconds:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
+    if extra_processes:
+        n = _user_task_count() + extra_processes
+        resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+
+
+_NETNS_PREFIX: list | None = None
+
+
+def network_namespace_prefix() -> list[str]:
+    """The command prefix that starts a child without network (`unshare -n`, or `unshare -rn`
+    through a user namespace), or [] when the OS allows neither. Probed once per process."""
+    global _NETNS_PREFIX
+    if _NETNS_PREFIX is None:
+        _NETNS_PREFIX = []
+        for prefix in (["unshare", "-n"], ["unshare", "-rn"]):
+            try:
+                if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
+                    _NETNS_PREFIX = [*prefix, "--"]
+                    break
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+    return list(_NETNS_PREFIX)
+
+
+def protections(memory_bytes: int | None, extra_processes: int, cpu_seconds: int, isolate_network: bool) -> dict:
+    """What a child gets, as recorded in the result: which protections applied and which not."""
+    prefix = network_namespace_prefix() if isolate_network else []
+    return {
+        "process_group": True,
+        "network": ("namespace (" + " ".join(prefix[:-1]) + ")") if prefix else ("not isolated: unshare unavailable" if isolate_network else "not isolated: disabled"),
+        "memory_bytes": memory_bytes or None,
+        "extra_processes": extra_processes if os.getuid() != 0 else f"{extra_processes} (not enforced: running as root)",
+        "cpu_seconds": cpu_seconds,
+        "file_size_bytes": DEFAULT_FILE_SIZE_LIMIT,
+        "solution_read_only": "by permissions" + (" (not enforced: running as root)" if os.getuid() == 0 else ""),
+        "command_prefix": prefix,
+    }
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -71,7 +128,9 @@ class Child:
         env: dict[str, str] | None = None,
         log_name: str | None = None,
         file_size_limit: int = DEFAULT_FILE_SIZE_LIMIT,
+        guard: dict | None = None,
     ):
+        """`guard`: protections() for an untrusted child (rlimits, network namespace); None: plain limits."""
         self.role = role
         self.workdir = Path(workdir)
         self.log_path = self.workdir / (log_name or f"{role}.log")
@@ -80,12 +139,15 @@ class Child:
         child_env = dict(os.environ)
         child_env.update(env or {})
         child_env[CHANNEL_FD_ENV] = str(child_sock.fileno())
-        child_env[LIMITS_ENV] = f"{file_size_limit},{DEFAULT_OPEN_FILES_LIMIT}"
+        guard = guard or {}
+        procs = guard.get("extra_processes") or 0
+        procs = procs if isinstance(procs, int) else 0
+        child_env[LIMITS_ENV] = f"{file_size_limit},{DEFAULT_OPEN_FILES_LIMIT},{guard.get('memory_bytes') or 0},{procs},{guard.get('cpu_seconds') or 0}"
         child_env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
         self._log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "evaluator_cuda.child", role],
+                [*guard.get("command_prefix", []), sys.executable, "-m", "evaluator_cuda.child", role],
                 cwd=str(self.workdir),
                 env=child_env,
                 stdin=subprocess.DEVNULL,
@@ -175,3 +237,18 @@ class Child:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+HOST_CHILD_MEMORY_BYTES = 32 * 1024**3
+
+
+def child_guard(settings) -> dict:
+    """protections() for the candidate and build children of an evaluation with `settings`.
+
+    No address-space limit on CUDA by default: the driver reserves far more virtual memory
+    than it uses, so RLIMIT_AS would break every CUDA child.
+    """
+    memory = settings.child_memory_bytes
+    if memory is None:
+        memory = HOST_CHILD_MEMORY_BYTES if settings.backend == "host" else 0
+    return protections(memory, settings.child_max_processes, settings.child_cpu_seconds, settings.isolate_network)

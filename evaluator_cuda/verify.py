@@ -78,12 +78,93 @@ def _walk(expected, actual, metas: list, path: str, problems: list, device_type:
         problems.append(f"{path}: expected {expected!r}, got {actual!r}")
 
 
-def compare_outputs(expected, actual, actual_meta: list[dict], device_type: str, atol: float, rtol: float) -> str | None:
+def _tensor_pairs(expected, actual):
+    """(expected, actual) tensor pairs of two structures that already compared equal in shape."""
+    import torch
+
+    if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
+        yield expected, actual
+    elif isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
+        for e, a in zip(expected, actual):
+            yield from _tensor_pairs(e, a)
+    elif isinstance(expected, dict) and isinstance(actual, dict):
+        for k in expected:
+            if k in actual:
+                yield from _tensor_pairs(expected[k], actual[k])
+
+
+def relative_error(expected, actual) -> float | None:
+    """max over floating tensors of ||actual - expected||_2 / ||expected||_2 (float64 sums).
+
+    None when there is no floating tensor with a finite, non-zero reference.
+    """
+    import torch
+
+    worst = None
+    for e, a in _tensor_pairs(expected, actual):
+        if not (e.is_floating_point() and a.is_floating_point()) or e.shape != a.shape or e.numel() == 0:
+            continue
+        e64, a64 = e.double(), a.double()
+        if not bool(torch.isfinite(e64).all()):
+            continue
+        scale = float(torch.linalg.vector_norm(e64))
+        if scale == 0.0:
+            continue
+        diff = a64 - e64
+        err = float(torch.linalg.vector_norm(torch.nan_to_num(diff, nan=float("inf")))) / scale
+        worst = err if worst is None else max(worst, err)
+    return worst
+
+
+# Relative error of the whole tensor that an honest kernel of each output dtype stays under;
+# above it the output looks computed at a lower precision (hacks.md #15): bf16 rounding of
+# float32 values gives ~1e-3, float32 reordering and fast-math ~1e-6.
+PRECISION_BOUNDS = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3}
+
+
+def precision_bound(expected) -> float | None:
+    """The PRECISION_BOUNDS entry of the first floating tensor of `expected` (None: no bound)."""
+    for e, _ in _tensor_pairs(expected, expected):
+        if e.is_floating_point():
+            return PRECISION_BOUNDS.get(str(e.dtype).removeprefix("torch."))
+    return None
+
+
+def compare_outputs(expected, actual, actual_meta: list[dict], device_type: str, atol: float, rtol: float, norm_rtol: float | None = None) -> str | None:
     """None if `actual` passes against `expected`, else the first problem as one line.
+
+    `norm_rtol`: the scale-aware check on top of atol/rtol (hacks.md #2): the relative error of
+    each whole floating tensor, ||actual - expected|| / ||expected||, must not exceed it, so a
+    tensor whose true values are all below atol cannot pass as zeros or a constant.
 
     `actual_meta`: what the candidate process reported for each tensor of `actual`, in
     depth-first order (class name and device; see wire.py).
     """
     problems: list[str] = []
     _walk(expected, actual, list(actual_meta), "output", problems, device_type, atol, rtol)
-    return problems[0] if problems else None
+    if problems:
+        return problems[0]
+    if norm_rtol is not None:
+        err = relative_error(expected, actual)
+        if err is not None and not err <= norm_rtol:
+            return f"output: wrong at the tensor's scale: ||out - ref|| / ||ref|| = {err:.3g} > {norm_rtol:g}"
+    return None
+
+
+def outputs_ignore_inputs(expected_sets: list, actual_sets: list) -> bool:
+    """True when the reference outputs differ between input sets but the candidate's are all
+    identical (an output that does not depend on its inputs, hacks.md #2)."""
+    import torch
+
+    def flat(value) -> list:
+        return [t.reshape(-1) for t, _ in _tensor_pairs(value, value)]
+
+    def same(x, y) -> bool:
+        fx, fy = flat(x), flat(y)
+        return len(fx) == len(fy) and all(a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b)) for a, b in zip(fx, fy))
+
+    if len(expected_sets) < 2 or not flat(expected_sets[0]):
+        return False
+    reference_varies = any(not same(expected_sets[0], e) for e in expected_sets[1:])
+    candidate_constant = all(same(actual_sets[0], a) for a in actual_sets[1:])
+    return reference_varies and candidate_constant

@@ -1,0 +1,141 @@
+"""Static checks on a candidate's sources: what the runtime guard cannot see (hacks.md #4, #5,
+#16, #19, #20).
+
+Run in the verdict process before anything is built or imported. Each finding is a short
+reason name plus one line naming the file and the line; any finding rejects the candidate
+(status `incorrect`, `record["rejected"]` = the reason).
+
+- Python (`model_new.py`, a KernelBench file): `class ModelNew(Model)` or importing the
+  reference module (inheriting the reference forward), try/except inside ModelNew (a fallback
+  to torch), threads, processes, sockets and ctypes (background work, escaping the sandbox,
+  dlsym detours), CUDA streams created from Python.
+- C++/CUDA (kernels/*, and load_inline source strings, which live inside the .py): `at::` /
+  `torch::` calls other than allocation, metadata and the current stream; threads, fork,
+  system/popen; stream creation; L2 persistence windows.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+# at::/torch::/c10:: calls that allocate, describe or locate tensors (SKILL.md: allocation only).
+ALLOWED_TORCH_CPP_CALLS = frozenset(
+    """
+    empty empty_like empty_strided zeros zeros_like ones ones_like full full_like from_blob
+    TensorOptions dtype device layout requires_grad Device Scalar IntArrayRef ArrayRef
+    getCurrentCUDAStream getDefaultCUDAStream CUDAGuard OptionalCUDAGuard DeviceGuard
+    current_device elementSize toString typeMetaToScalarType kCUDA kCPU
+    """.split()
+)
+
+_CPP_TORCH_CALL = re.compile(r"\b(?:at|torch|c10)::((?:\w+::)*)(\w+)\s*(?:<[^<>;]*>)?\s*\(")
+_CPP_FORBIDDEN = [
+    (re.compile(r"\bstd::(?:thread|async|jthread)\b|\bpthread_create\b|#\s*include\s*<thread>"), "threads", "starts a thread"),
+    (re.compile(r"\b(?:fork|vfork|system|popen|execv|execve|execvp|posix_spawn)\s*\("), "processes", "starts a process"),
+    (re.compile(r"\bcudaStreamCreate\w*\b|\bgetStreamFromPool\b|\bcudaStreamPerThread\b|\bcudaStreamLegacy\b"), "side_stream", "creates or uses a side stream"),
+    (re.compile(r"\bcudaAccessPolicyWindow\b|\baccessPolicyWindow\b|\bcudaLimitPersistingL2CacheSize\b|\bcudaStreamAttributeAccessPolicyWindow\b"), "persisting_l2", "sets an L2 persistence window"),
+    (re.compile(r"\bdlsym\b|\bdlopen\b|\bLD_PRELOAD\b"), "detour", "loads or looks up symbols at run time"),
+    (re.compile(r"\bsocket\s*\(|\bconnect\s*\("), "network", "opens a socket"),
+]
+
+_FORBIDDEN_MODULES = {
+    "threading": "threads", "_thread": "threads", "concurrent": "threads", "multiprocessing": "processes",
+    "subprocess": "processes", "socket": "network", "ctypes": "detour", "cffi": "detour", "gc": "introspection",
+    "inspect": "introspection",
+}
+_FORBIDDEN_ATTRS = {("os", "fork"): "processes", ("os", "system"): "processes", ("os", "popen"): "processes",
+                    ("os", "forkpty"): "processes", ("cuda", "Stream"): "side_stream", ("cuda", "stream"): "side_stream",
+                    ("cuda", "ExternalStream"): "side_stream", ("sys", "_getframe"): "introspection"}
+REFERENCE_MODULES = ("model", "reference_task")
+
+
+class Finding(tuple):
+    """(reason, message)."""
+
+    @property
+    def reason(self) -> str:
+        return self[0]
+
+    @property
+    def message(self) -> str:
+        return self[1]
+
+
+def _strip_cpp_comments(text: str) -> str:
+    text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def check_cpp_source(name: str, text: str) -> list[Finding]:
+    """Findings in one C++/CUDA source (or a Python string holding one)."""
+    findings = []
+    code = _strip_cpp_comments(text)
+    for lineno, line in enumerate(code.splitlines(), 1):
+        for match in _CPP_TORCH_CALL.finditer(line):
+            if match.group(2) not in ALLOWED_TORCH_CPP_CALLS and not match.group(2).startswith(("k", "TORCH_")):
+                findings.append(Finding(("torch_compute_cpp", f"{name}:{lineno}: {match.group(0).rstrip('(').strip()} is not allowed: torch compute in C++ (only allocation such as torch::empty_like)")))
+        for pattern, reason, what in _CPP_FORBIDDEN:
+            if pattern.search(line):
+                findings.append(Finding((reason, f"{name}:{lineno}: {what} ({line.strip()[:80]})")))
+    return findings
+
+
+def _model_new_class(tree: ast.Module) -> ast.ClassDef | None:
+    return next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"), None)
+
+
+def check_python_source(name: str, text: str) -> list[Finding]:
+    """Findings in a candidate's Python file, including C++ held in its string constants."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []  # the candidate child reports syntax errors with their line
+    findings = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                top = alias.name.split(".")[0]
+                if top in REFERENCE_MODULES:
+                    findings.append(Finding(("reference_import", f"{name}:{line}: imports the reference module {alias.name!r}")))
+                elif top in _FORBIDDEN_MODULES:
+                    findings.append(Finding((_FORBIDDEN_MODULES[top], f"{name}:{line}: imports {alias.name}")))
+        elif isinstance(node, ast.ImportFrom):
+            top = (node.module or "").split(".")[0]
+            if top in REFERENCE_MODULES:
+                findings.append(Finding(("reference_import", f"{name}:{line}: imports from the reference module {node.module!r}")))
+            elif top in _FORBIDDEN_MODULES:
+                findings.append(Finding((_FORBIDDEN_MODULES[top], f"{name}:{line}: imports from {node.module}")))
+            elif top == "os" and any(a.name in ("fork", "system", "popen", "forkpty") for a in node.names):
+                findings.append(Finding(("processes", f"{name}:{line}: imports a process call from os")))
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
+            owner = node.value.id if isinstance(node.value, ast.Name) else node.value.attr
+            reason = _FORBIDDEN_ATTRS.get((owner, node.attr))
+            if reason:
+                findings.append(Finding((reason, f"{name}:{line}: uses {owner}.{node.attr}")))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) > 40:
+            for finding in check_cpp_source(name, node.value):
+                findings.append(Finding((finding.reason, finding.message.replace(f"{name}:", f"{name} (string at line {line}), line ", 1))))
+    model_new = _model_new_class(tree)
+    if model_new is not None:
+        for base in model_new.bases:
+            base_name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+            if base_name == "Model":
+                findings.append(Finding(("inherits_reference", f"{name}:{model_new.lineno}: ModelNew inherits the reference Model")))
+        for node in ast.walk(model_new):
+            if isinstance(node, ast.Try):
+                findings.append(Finding(("fallback", f"{name}:{node.lineno}: try/except inside ModelNew (a fallback path is not allowed)")))
+    return findings
+
+
+def check_solution_sources(files: dict) -> list[Finding]:
+    """All findings over a solution's files {relpath: bytes}, in file order."""
+    findings: list[Finding] = []
+    for rel in sorted(files):
+        text = files[rel].decode("utf-8", "replace") if isinstance(files[rel], (bytes, bytearray)) else str(files[rel])
+        if rel.endswith(".py"):
+            findings += check_python_source(rel, text)
+        elif rel.endswith((".cu", ".cuh", ".cpp", ".cc", ".cxx", ".h", ".hpp")):
+            findings += check_cpp_source(rel, text)
+    return findings
