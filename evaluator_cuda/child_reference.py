@@ -109,9 +109,15 @@ class ReferenceRole:
                     self.timing_inputs = device_inputs
                 input_sets.append(inputs)
                 outputs.append(out)
+            rerun = None
+            if req.get("rerun") and req["seeds"]:  # the first set once more, RNG not reseeded: random ops show
+                first = to_device(input_sets[0], self.device)
+                with torch.no_grad():
+                    rerun = self._task_call("the reference forward", lambda: self.model(*first))
+                _sync(self.device)
         except TaskError as exc:
             raise HandlerError("task", str(exc)) from None
-        return {"inputs": input_sets, "outputs": outputs}
+        return {"inputs": input_sets, "outputs": outputs, "rerun": rerun}
 
     def _inputs_from_seed(self, seed: int) -> list:
         import torch

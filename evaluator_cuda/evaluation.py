@@ -26,7 +26,7 @@ from .record import finish, new_record
 from .sandbox import Child, ChildFailed, child_guard
 from .settings import EvalSettings
 from .solutions import Solution
-from .tasks import Task
+from .tasks import Task, degenerate_reason
 from .profile import summarize_times
 from .static_checks import check_solution_sources
 from .verify import compare_outputs, outputs_ignore_inputs, precision_bound, relative_error
@@ -127,7 +127,7 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
 
 
 def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: bytes | None, record: dict, workdir: Path) -> None:
-    findings = check_solution_sources(solution.files) if solution.format != "reference" and settings.block_torch else []
+    findings = check_solution_sources(solution.files) if solution.format != "reference" and settings.static_checks else []
     if findings:
         diagnostics = [{"file": None, "line": None, "message": f.message} for f in findings]
         raise _Verdict("incorrect", f"rejected: {findings[0].reason}: {findings[0].message}", diagnostics, rejected=findings[0].reason)
@@ -179,9 +179,13 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         if not cand_loaded.get("ok"):
             _fail_from_candidate(cand_loaded)
 
-        ref = _reply(reference, {"cmd": "reference", "seeds": seeds}, settings.child_timeout_s, harness=True)
+        ref = _reply(reference, {"cmd": "reference", "seeds": seeds, "rerun": True}, settings.child_timeout_s, harness=True)
         if not ref.get("ok"):
             _fail_from_reference(ref)
+        degenerate = degenerate_reason(ref["outputs"], ref.get("rerun"), settings.atol, settings.rtol)
+        if degenerate:
+            record["task_degenerate"] = degenerate
+            raise _Verdict("task_error", f"task {task.name}: degenerate: {degenerate}")
         prepared = _reply(candidate, {"cmd": "prepare", "init_inputs": loaded["init_inputs"], "state_dict": loaded["state_dict"]}, settings.child_timeout_s, harness=False)
         if not prepared.get("ok"):
             _fail_from_candidate(prepared)

@@ -53,6 +53,7 @@ class EvalSettings:
     compile_timeout_s: float = 300.0
     child_timeout_s: float = 300.0  # per request to a verify/profile child (torch.compile can be slow)
     cache_dir: str | None = None  # None: cache_root()
+    static_checks: bool = True  # reject sources that use threads, processes, sockets, introspection, torch in C++ ...
     norm_rtol: float = PAPER_RTOL  # scale-aware check: ||out-ref||/||ref|| per tensor (hacks.md #2)
     timed_checks: int = 4  # outputs of timed calls checked, a random sample the candidate cannot see
     fresh_input_bytes: int = 1024**3  # budget for distinct timed input sets; beyond it the sets rotate

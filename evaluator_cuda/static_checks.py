@@ -37,16 +37,22 @@ _CPP_FORBIDDEN = [
     (re.compile(r"\bcudaAccessPolicyWindow\b|\baccessPolicyWindow\b|\bcudaLimitPersistingL2CacheSize\b|\bcudaStreamAttributeAccessPolicyWindow\b"), "persisting_l2", "sets an L2 persistence window"),
     (re.compile(r"\bdlsym\b|\bdlopen\b|\bLD_PRELOAD\b"), "detour", "loads or looks up symbols at run time"),
     (re.compile(r"\bsocket\s*\(|\bconnect\s*\("), "network", "opens a socket"),
+    (re.compile(r"\bPyImport_\w+|\bPyObject_SetAttr\w*|\bPyRun_\w+|\bmodule_?::import\b|\bpy::eval\b|\bpy::exec\b"), "harness", "reaches into the Python interpreter"),
 ]
 
 _FORBIDDEN_MODULES = {
     "threading": "threads", "_thread": "threads", "concurrent": "threads", "multiprocessing": "processes",
     "subprocess": "processes", "socket": "network", "ctypes": "detour", "cffi": "detour", "gc": "introspection",
-    "inspect": "introspection",
+    "inspect": "introspection", "importlib": "introspection", "builtins": "introspection",
+    "evaluator_cuda": "harness", "pickle": "introspection", "marshal": "introspection",
 }
+_FORBIDDEN_CALLS = {"__import__": "introspection", "eval": "introspection", "exec": "introspection",
+                    "compile": "introspection", "globals": "introspection", "vars": "introspection"}
 _FORBIDDEN_ATTRS = {("os", "fork"): "processes", ("os", "system"): "processes", ("os", "popen"): "processes",
                     ("os", "forkpty"): "processes", ("cuda", "Stream"): "side_stream", ("cuda", "stream"): "side_stream",
-                    ("cuda", "ExternalStream"): "side_stream", ("sys", "_getframe"): "introspection"}
+                    ("cuda", "ExternalStream"): "side_stream", ("sys", "_getframe"): "introspection",
+                    ("sys", "modules"): "introspection", ("os", "write"): "channel", ("os", "dup2"): "channel",
+                    ("os", "fdopen"): "channel", ("os", "open"): "channel", ("os", "kill"): "processes"}
 REFERENCE_MODULES = ("model", "reference_task")
 
 
@@ -109,6 +115,8 @@ def check_python_source(name: str, text: str) -> list[Finding]:
                 findings.append(Finding((_FORBIDDEN_MODULES[top], f"{name}:{line}: imports from {node.module}")))
             elif top == "os" and any(a.name in ("fork", "system", "popen", "forkpty") for a in node.names):
                 findings.append(Finding(("processes", f"{name}:{line}: imports a process call from os")))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FORBIDDEN_CALLS:
+            findings.append(Finding((_FORBIDDEN_CALLS[node.func.id], f"{name}:{line}: calls {node.func.id}()")))
         elif isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
             owner = node.value.id if isinstance(node.value, ast.Name) else node.value.attr
             reason = _FORBIDDEN_ATTRS.get((owner, node.attr))

@@ -140,3 +140,48 @@ def exec_task(name: str, source: str, module_name: str = "model") -> dict:
         if required not in module.__dict__:
             raise TaskError(name, f"missing {required}")
     return module.__dict__
+
+
+def degenerate_reason(outputs: list, rerun, atol: float, rtol: float) -> str | None:
+    """Why a task's reference outputs make a useless benchmark (hacks.md #17, paper §3.2), or None.
+
+    `outputs`: the reference outputs of several input sets (different seeds); `rerun`: the
+    output of the first set computed a second time. Degenerate: random (the rerun disagrees),
+    constant across inputs, or every floating value below `atol` (zeros would pass).
+    """
+    import torch
+
+    from .verify import compare_outputs, _tensor_pairs
+
+    def tensors(value) -> list:
+        return [t for t, _ in _tensor_pairs(value, value)]
+
+    if rerun is not None and outputs:
+        meta = [{"cls": "Tensor", "device": "cpu"} for _ in tensors(rerun)]
+        if compare_outputs(outputs[0], rerun, meta, "cpu", atol, rtol) is not None:
+            return "random: two runs on the same inputs disagree"
+    flat = [torch.cat([t.reshape(-1).double() for t in tensors(o)]) if tensors(o) else None for o in outputs]
+    if not flat or any(f is None or f.numel() == 0 for f in flat):
+        return None
+    if len(flat) > 1 and all(f.shape == flat[0].shape and bool(torch.equal(f, flat[0])) for f in flat[1:]):
+        return "the output does not depend on the inputs"
+    finite = [f[torch.isfinite(f)] for f in flat]
+    if all(f.numel() and float(f.abs().max()) < atol for f in finite):
+        return f"every output value is below atol={atol:g} (zeros would pass)"
+    return None
+
+
+def check_task_degenerate(task: "Task", settings=None) -> str | None:
+    """Run the task's reference in a child on fresh inputs and return why it is degenerate, or None."""
+    from .evaluation import evaluate
+    from .settings import EvalSettings
+    from .solutions import reference_solution
+
+    settings = settings or EvalSettings.for_backend("host")
+    settings = EvalSettings.from_dict({**settings.to_dict(), "profile": False})
+    record = evaluate(task, reference_solution(task.stem), settings)
+    if record["status"] == "task_error" and record.get("task_degenerate"):
+        return record["task_degenerate"]
+    if record["status"] == "task_error":
+        raise TaskError(task.name, record["message"].removeprefix(f"task {task.name}: "))
+    return None

@@ -1,0 +1,124 @@
+"""Shared fixtures of the evaluator tests: the axpy task, workspace and KernelBench-file
+candidates built from small templates, and host-backend settings."""
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evaluator_cuda.settings import EvalSettings
+from evaluator_cuda.solutions import Solution
+from evaluator_cuda.tasks import Task
+
+AXPY_TASK = Task(
+    name="axpy",
+    source=textwrap.dedent(
+        """
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self, alpha):
+                super().__init__()
+                self.alpha = alpha
+
+            def forward(self, x, y):
+                return self.alpha * x + y
+
+        def get_inputs():
+            return [torch.randn(4096), torch.randn(4096)]
+
+        def get_init_inputs():
+            return [2.5]
+        """
+    ),
+)
+
+KERNEL = """#include <cstdint>
+extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream) {
+  (void)config; (void)stream;
+  for (int64_t i = 0; i < n; ++i) out[i] = a * x[i] OP y[i];
+}
+"""
+BINDING = """#include "binding_registry.h"
+extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream);
+torch::Tensor axpy_forward(torch::Tensor x, torch::Tensor y, double a) {
+  TORCH_CHECK(x.is_contiguous() && y.is_contiguous() && x.scalar_type() == torch::kFloat32, "contiguous float32 only");
+  auto out = torch::empty_like(x);
+  axpy_launcher(x.data_ptr<float>(), y.data_ptr<float>(), out.data_ptr<float>(), (float)a, x.numel(), 0, nullptr);
+  BODY
+  return out;
+}
+REGISTER_BINDING(axpy_forward, axpy_forward);
+"""
+MODEL_NEW = """import torch
+import cuda_extension
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x, y):
+        return cuda_extension.axpy_forward(x, y, float(self.alpha))
+"""
+
+
+def workspace(op: str = "+", binding_body: str = "", kernel: str | None = None, model_new: str | None = None) -> Solution:
+    files = {
+        "model_new.py": (model_new if model_new is not None else MODEL_NEW).encode(),
+        "kernels/axpy.cpp": (kernel if kernel is not None else KERNEL.replace("OP", op)).encode(),
+        "kernels/axpy_binding.cpp": BINDING.replace("BODY", binding_body).encode(),
+    }
+    return Solution("workspace", files, "model_new.py", "axpy")
+
+
+def kernelbench(forward_body: str, prelude: str = "") -> Solution:
+    source = f"""import torch
+import torch.nn.functional as F
+{prelude}
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+
+    def forward(self, x, y):
+{textwrap.indent(textwrap.dedent(forward_body), '        ')}
+"""
+    return Solution("kernelbench", {"candidate.py": source.encode()}, "candidate.py", "axpy")
+
+
+@pytest.fixture(scope="session")
+def build_cache() -> str:
+    """Persistent, content-hash keyed: a source compiled by an earlier test session is reused."""
+    root = Path(os.environ.get("CUDA_AGENT_TEST_CACHE", Path.home() / ".cache" / "cuda-agent-tests"))
+    root.mkdir(parents=True, exist_ok=True)
+    return str(root)
+
+
+def host(cache_dir: str, **overrides) -> EvalSettings:
+    overrides.setdefault("profile", False)
+    return EvalSettings.for_backend("host", cache_dir=cache_dir, **overrides)
+
+
+def model_new_with(forward_body: str, prelude: str = "", init_extra: str = "") -> str:
+    """A workspace model_new.py (imports cuda_extension) with its own forward body."""
+    return f"""import torch
+import cuda_extension
+{prelude}
+
+class ModelNew(torch.nn.Module):
+    def __init__(self, alpha):
+        super().__init__()
+        self.alpha = alpha
+{textwrap.indent(textwrap.dedent(init_extra), '        ')}
+
+    def forward(self, x, y):
+{textwrap.indent(textwrap.dedent(forward_body), '        ')}
+"""
+
+
+def kernel_with(body: str) -> str:
+    """A host axpy kernel file whose loop body is `body` (variables: x, y, out, a, n, i)."""
+    return KERNEL.replace("for (int64_t i = 0; i < n; ++i) out[i] = a * x[i] OP y[i];", body)
