@@ -5,7 +5,10 @@ import os
 import textwrap
 from pathlib import Path
 
-import pytest
+try:
+    import pytest
+except ImportError:  # scripts/check_hardening_gpu.py on a machine without pytest
+    pytest = None
 
 from evaluator_cuda.settings import EvalSettings
 from evaluator_cuda.solutions import Solution
@@ -89,12 +92,14 @@ class ModelNew(torch.nn.Module):
     return Solution("kernelbench", {"candidate.py": source.encode()}, "candidate.py", "axpy")
 
 
-@pytest.fixture(scope="session")
-def build_cache() -> str:
+def _build_cache() -> str:
     """Persistent, content-hash keyed: a source compiled by an earlier test session is reused."""
     root = Path(os.environ.get("CUDA_AGENT_TEST_CACHE", Path.home() / ".cache" / "cuda-agent-tests"))
     root.mkdir(parents=True, exist_ok=True)
     return str(root)
+
+
+build_cache = pytest.fixture(scope="session", name="build_cache")(_build_cache) if pytest else _build_cache
 
 
 def host(cache_dir: str, **overrides) -> EvalSettings:
