@@ -92,7 +92,8 @@ class CandidateRole:
         import torch  # noqa: F401  (torch before any extension)
 
         self.require_extension = req["format"] != "reference" and self.block_torch
-        _count_built_extensions(self.extension_calls)
+        if req["format"] == "kernelbench":  # it builds its own extension (torch.utils.cpp_extension is slow to import)
+            _count_built_extensions(self.extension_calls)
         if req.get("extension_path"):
             try:
                 count_extension_calls(load_extension_module(req["extension_path"], req.get("fast_cache_dir")), self.extension_calls)
@@ -155,8 +156,8 @@ class CandidateRole:
 
         if self.model is None:
             raise HandlerError("internal", "call before prepare")
-        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in to_device(req["inputs"], self.device)]
-        pristine = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
+        pristine = [a if isinstance(a, torch.Tensor) else None for a in to_device(req["inputs"], self.device)]
+        args = [a.clone() if a is not None else v for a, v in zip(pristine, req["inputs"])]  # the candidate gets clones only
         poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)
         if self.device == "cuda" and self.flush is None and int(req.get("l2_flush_bytes", 0)):
             self.flush = torch.empty(int(req["l2_flush_bytes"]) // 4, dtype=torch.int32, device="cuda")
@@ -182,7 +183,7 @@ class CandidateRole:
         if mutated:
             raise HandlerError("mutated_inputs", f"forward modified its input(s) {mutated}")
         copied = _copy_out(out)
-        self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out), *_tensor_bytes(args)})[-8:]
+        self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]  # output-sized blocks: where empty_like lands
         return {"output": copied, "time_us": time_us, "wall_us": wall_us}
 
 

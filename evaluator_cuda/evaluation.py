@@ -29,7 +29,7 @@ from .solutions import Solution
 from .tasks import Task, degenerate_reason
 from .profile import summarize_times
 from .static_checks import check_solution_sources
-from .verify import compare_outputs, outputs_ignore_inputs, precision_bound, relative_error
+from .verify import compare_outputs, outputs_ignore_inputs, precision_bound, relative_error, scale_problem
 
 
 class _Verdict(Exception):
@@ -182,7 +182,7 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         ref = _reply(reference, {"cmd": "reference", "seeds": seeds, "rerun": True}, settings.child_timeout_s, harness=True)
         if not ref.get("ok"):
             _fail_from_reference(ref)
-        degenerate = degenerate_reason(ref["outputs"], ref.get("rerun"), settings.atol, settings.rtol)
+        degenerate = "random: two runs on the same inputs disagree" if ref.get("random") else degenerate_reason(ref["outputs"], None, settings.atol, settings.rtol)
         if degenerate:
             record["task_degenerate"] = degenerate
             raise _Verdict("task_error", f"task {task.name}: degenerate: {degenerate}")
@@ -238,11 +238,12 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         worst_error = None
         for k in check_positions + timed_checked:
             actual, meta = outputs[k]
-            problem = compare_outputs(expected_at[k], actual, meta, device, settings.atol, settings.rtol, settings.norm_rtol)
+            problem = compare_outputs(expected_at[k], actual, meta, device, settings.atol, settings.rtol)
+            err = relative_error(expected_at[k], actual) if not problem else None
+            problem = problem or scale_problem(err, settings.norm_rtol)
             if problem:
                 what = f"input set {schedule[k][1]}" if schedule[k][0] == "check" else "output of a timed call"
                 raise _Verdict("incorrect", f"{what}: {problem}")
-            err = relative_error(expected_at[k], actual)
             worst_error = err if worst_error is None or (err is not None and err > worst_error) else worst_error
         if outputs_ignore_inputs([expected_at[k] for k in check_positions], [outputs[k][0] for k in check_positions]):
             _reject("constant_output", "the output does not change when the inputs change")

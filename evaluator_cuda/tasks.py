@@ -160,13 +160,20 @@ def degenerate_reason(outputs: list, rerun, atol: float, rtol: float) -> str | N
         meta = [{"cls": "Tensor", "device": "cpu"} for _ in tensors(rerun)]
         if compare_outputs(outputs[0], rerun, meta, "cpu", atol, rtol) is not None:
             return "random: two runs on the same inputs disagree"
-    flat = [torch.cat([t.reshape(-1).double() for t in tensors(o)]) if tensors(o) else None for o in outputs]
-    if not flat or any(f is None or f.numel() == 0 for f in flat):
+    sets = [tensors(o) for o in outputs]
+    if not sets or not sets[0] or any(len(t) != len(sets[0]) for t in sets):
         return None
-    if len(flat) > 1 and all(f.shape == flat[0].shape and bool(torch.equal(f, flat[0])) for f in flat[1:]):
+    if len(sets) > 1 and all(all(a.shape == b.shape and bool(torch.equal(a, b)) for a, b in zip(ts, sets[0])) for ts in sets[1:]):
         return "the output does not depend on the inputs"
-    finite = [f[torch.isfinite(f)] for f in flat]
-    if all(f.numel() and float(f.abs().max()) < atol for f in finite):
+
+    def below_atol(t) -> bool:
+        if not t.numel():
+            return True
+        values = t.abs() if t.is_floating_point() or t.is_complex() else t.abs().double()
+        finite = values[torch.isfinite(values)]
+        return bool(finite.numel() == 0 or float(finite.max()) < atol)
+
+    if all(below_atol(t) for ts in sets for t in ts):
         return f"every output value is below atol={atol:g} (zeros would pass)"
     return None
 
