@@ -183,7 +183,7 @@ def _run_bad_worker(endpoint, err_path):
 
 
 def test_killed_worker_is_noticed_by_its_disconnect_long_before_heartbeats_run_out(tmp_path):
-    slow_heartbeats = dataclasses.replace(FAST_TEST_SETTINGS, heartbeat_s=2.0, liveness=3)  # silence limit 6 s
+    slow_heartbeats = dataclasses.replace(FAST_TEST_SETTINGS, heartbeat_s=4.0, liveness=3)  # silence limit 12 s
     endpoint = free_tcp_endpoint()
     broker = start_broker(endpoint, tmp_path / "journal.db", slow_heartbeats)
     workers = [start_worker(endpoint, "counted", settings=slow_heartbeats) for _ in range(2)]
@@ -202,7 +202,9 @@ def test_killed_worker_is_noticed_by_its_disconnect_long_before_heartbeats_run_o
             result = future.result(timeout=30)
         restart_delay = float(second[0].split()[2]) - killed_at
         assert result["status"] == "correct"
-        assert restart_delay < 2.0, f"restarted {restart_delay:.2f} s after the kill; liveness alone needs 6 s"
+        # The restart includes a fresh evaluation child's start on the surviving worker (about 1 s on a loaded
+        # 2-core machine); heartbeat liveness alone would need 12 s.
+        assert restart_delay < 4.0, f"restarted {restart_delay:.2f} s after the kill; liveness alone needs 12 s"
     finally:
         for proc in workers:
             stop(proc)
