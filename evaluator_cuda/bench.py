@@ -56,7 +56,7 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .evaluation import evaluate
+    from .evaluation import children_kept_warm, evaluate
     from .metrics import bench_metrics
     from .report import print_tables, write_reports
 
@@ -72,7 +72,8 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
     solutions_path = Path(solutions_dir) if solutions_dir else None
     plan = plan_candidates(task_set.tasks, solutions_path, settings.backend)
     records, main_records, bad_tasks = [], [], set()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False) as progress:
+    # With more than one evaluation, each next one's children start warming while the last ends.
+    with children_kept_warm(len(plan) > 1), Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False) as progress:
         bar = progress.add_task("evaluating", total=len(plan))
         for task, path, is_main in plan:
             if task.name in bad_tasks:

@@ -5,7 +5,8 @@ The bridge's supervisor loads these by name inside its evaluation child, after i
 supervisor never imports torch and a compile worker never touches a GPU.
 
 - ``compile``: ``evaluator_cuda.service.compile_job`` (CPU workers: build, no GPU needed).
-- ``evaluate``: ``evaluator_cuda.service.evaluate_job`` (one worker per GPU).
+- ``evaluate``: ``evaluator_cuda.service.evaluate_job`` (one worker per GPU), with the next
+  evaluation's sandboxed children started and warmed ahead (``keep_children_warm``).
 - ``capabilities``: what the worker registers with (GPU name, torch and CUDA versions).
 
 A result that says the harness itself failed (``infra_error``), or that names an error known to
@@ -73,6 +74,8 @@ def compile(job: dict) -> dict:  # noqa: A001 - the service is called "compile"
 
 def evaluate(job: dict) -> dict:
     """Build (or load the given artifact), verify, profile and reward a solution on this GPU."""
+    from evaluator_cuda.evaluation import keep_children_warm
     from evaluator_cuda.service import evaluate_job
 
+    keep_children_warm()  # a worker's child serves job after job: the next job's children warm while it waits
     return _with_recycle_flag(evaluate_job(job))

@@ -14,7 +14,7 @@ import sys
 import traceback
 
 from . import wire
-from .sandbox import CHANNEL_FD_ENV, LIMITS_ENV, limit_resources
+from .sandbox import CHANNEL_FD_ENV, LIMITS_ENV, WARM_ENV, limit_resources, warm_up
 
 
 class HandlerError(Exception):
@@ -55,6 +55,9 @@ def serve(role: str) -> None:
     sock = socket.socket(fileno=int(os.environ[CHANNEL_FD_ENV]))
     os.environ.pop(CHANNEL_FD_ENV, None)
     handler = _handlers(role)
+    warm = os.environ.pop(WARM_ENV, "")
+    if warm:  # started ahead of its evaluation: pay for torch and the CUDA context now, before any request
+        warm_up(warm)
     while True:
         try:
             request = wire.recv_message(sock)

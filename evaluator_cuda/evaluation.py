@@ -12,9 +12,9 @@ child or harness failing is infra_error.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import secrets
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from .build import build_env, build_workspace
 from .child import one_line
 from .diagnostics import parse_compiler_output
 from .record import finish, new_record
-from .sandbox import Child, ChildFailed, child_guard
+from .sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from .settings import EvalSettings
 from .solutions import Solution
 from .tasks import Task, degenerate_reason
@@ -84,7 +84,7 @@ def _fail_from_reference(reply: dict) -> None:
 
 
 def _write_solution(solution: Solution, task: Task, folder: Path) -> None:
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     for rel, data in solution.files.items():
         target = folder / rel
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -100,15 +100,51 @@ def _make_read_only(folder: Path) -> None:
     folder.chmod(0o555)
 
 
+# The next evaluation's children, warming in the background (see sandbox.StandbySlots). Off
+# unless a long-lived caller (a bridge worker, a benchmark of many tasks) turns it on: a
+# one-shot evaluation would start children it never uses.
+_STANDBY = StandbySlots()
+_keep_warm = False
+atexit.register(_STANDBY.close)
+
+
+def keep_children_warm(enabled: bool = True) -> None:
+    """Keep the next evaluation's children started and warm (torch imported, CUDA context made)
+    while this process is between evaluations or finishing one. For long-lived callers."""
+    global _keep_warm
+    _keep_warm = enabled
+    if not enabled:
+        _STANDBY.close()
+
+
+@contextlib.contextmanager
+def children_kept_warm(enabled: bool = True):
+    """keep_children_warm(enabled) for a block; the previous setting afterwards."""
+    previous = _keep_warm
+    keep_children_warm(enabled)
+    try:
+        yield
+    finally:
+        keep_children_warm(previous)
+
+
+def standby_counters() -> dict:
+    """How many evaluations found their children warm (hits) or started them (misses)."""
+    return {"hits": _STANDBY.hits, "misses": _STANDBY.misses}
+
+
 def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: bytes | None = None) -> dict:
     """Evaluate `solution` for `task`; returns the result record (never raises for a bad candidate)."""
     record = new_record(task.name, solution.label or task.stem, solution.format, settings)
     if solution.format == "reference":
         record["torch_blocked"] = False
     begin = time.perf_counter()
-    workdir = Path(tempfile.mkdtemp(prefix="cuda-agent-eval-"))
+    slot = None
     try:
-        _evaluate(task, solution, settings, artifact, record, workdir)
+        # The children start first, so that they warm while the sources are checked and built.
+        slot = _STANDBY.take(build_env(settings), child_guard(settings), settings.device_type())
+        record["children_warm_s"] = round(time.monotonic() - slot.started_at, 4)
+        _evaluate(task, solution, settings, artifact, record, slot)
     except _Verdict as verdict:
         if verdict.status == "runtime_error" and any(m in verdict.message for m in _CUDA_ERROR_MARKERS):
             record["needs_recycle"] = True  # the candidate child is discarded; a worker sharing a GPU context should restart
@@ -118,15 +154,26 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
     except Exception as exc:  # a bug in the harness itself: never the candidate's fault
         finish(record, "infra_error", f"harness error: {one_line(exc)}")
     finally:
-        for path in workdir.rglob("*"):
-            if path.is_dir():
-                path.chmod(0o755)
-        shutil.rmtree(workdir, ignore_errors=True)
+        if slot is not None:
+            if _keep_warm and not slot.used:
+                _STANDBY.give_back(slot)
+            else:
+                slot.close()
+            if _keep_warm:
+                _STANDBY.refill(slot.env, slot.guard, slot.device_type)
         record["wall_s"]["total"] = round(time.perf_counter() - begin, 4)
     return record
 
 
-def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: bytes | None, record: dict, workdir: Path) -> None:
+@contextlib.contextmanager
+def _children(slot: EvaluationSlot):
+    """The slot's (reference, candidate) children, marked used: they are never handed out again."""
+    slot.used = True
+    yield slot.reference, slot.candidate
+
+
+def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: bytes | None, record: dict, slot: EvaluationSlot) -> None:
+    workdir = slot.workdir
     findings = check_solution_sources(solution.files) if solution.format != "reference" and settings.static_checks else []
     if findings:
         diagnostics = [{"file": None, "line": None, "message": f.message} for f in findings]
@@ -148,11 +195,9 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
     _write_solution(solution, task, solution_dir)
     _make_read_only(solution_dir)
     device = settings.device_type()
-    env = build_env(settings)
-    guard = child_guard(settings)
-    record["sandbox"] = {k: v for k, v in guard.items() if k != "command_prefix"}
+    record["sandbox"] = {k: v for k, v in slot.guard.items() if k != "command_prefix"}
     verify_begin = time.perf_counter()
-    with Child("reference", workdir, env=env) as reference, Child("candidate", solution_dir, env=env, log_name="../candidate.log", guard=guard) as candidate:
+    with _children(slot) as (reference, candidate):
         init_seed = secrets.randbits(31)
         seeds = [secrets.randbits(31) for _ in range(settings.checks)]
         record["seeds"] = {"init": init_seed, "inputs": seeds}
@@ -224,6 +269,8 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
             if position >= settings.warmup:
                 times.append(reply.get("time_us"))
                 walls.append(reply.get("wall_us"))
+        if _keep_warm:  # the timed calls are over: the next evaluation's children may start now
+            _STANDBY.refill(slot.env, slot.guard, slot.device_type)
 
         check_positions = sorted(k for k in outputs if schedule[k][0] == "check")
         timed_checked = sorted(k for k in outputs if schedule[k][0] == "timed")

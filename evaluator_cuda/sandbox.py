@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 from . import wire
@@ -252,3 +256,133 @@ def child_guard(settings) -> dict:
     if memory is None:
         memory = HOST_CHILD_MEMORY_BYTES if settings.backend == "host" else 0
     return protections(memory, settings.child_max_processes, settings.child_cpu_seconds, settings.isolate_network)
+
+
+# --- Children started ahead of time -------------------------------------------------------
+#
+# Most of a cached evaluation's wall time used to be its children starting: Python, `import
+# torch` and (on a GPU) the CUDA context, once per child, per evaluation. An EvaluationSlot is
+# an evaluation's working folder with both children already started and warming (torch
+# imported, the CUDA context made) before any task or candidate code reaches them. An
+# evaluation takes its slot before its static checks and build, so a cold slot warms while the
+# candidate compiles; a StandbySlots keeps the next slot warming in the background, so a
+# worker's next evaluation finds its children ready. A slot's children never run code of two
+# evaluations: a slot is handed out once, and closed (whole process groups killed) after use.
+
+WARM_ENV = "CUDA_AGENT_CHILD_WARM"
+
+
+def warm_up(device_type: str) -> None:
+    """What a fresh child does before its first request: import torch and, on a GPU, make the
+    CUDA context. Failures are left for the first request to report."""
+    try:
+        import torch
+
+        if device_type == "cuda" and torch.cuda.is_available():
+            torch.empty(1, device="cuda")
+    except Exception:
+        pass
+
+
+def _slot_key(env: dict[str, str], guard: dict) -> tuple:
+    merged = dict(os.environ)
+    merged.update(env)
+    merged.pop(CHANNEL_FD_ENV, None)
+    limits = tuple(sorted((k, str(v)) for k, v in guard.items() if k != "command_prefix"))
+    return (sys.executable, tuple(sorted(merged.items())), tuple(guard.get("command_prefix", [])), limits)
+
+
+class EvaluationSlot:
+    """A working folder with a reference child (cwd: the folder) and a candidate child (cwd: its
+    empty `solution/`, log one level up), both started at once and warming."""
+
+    def __init__(self, env: dict[str, str], guard: dict, device_type: str):
+        self.key = _slot_key(env, guard)
+        self.env, self.guard, self.device_type = dict(env), dict(guard), device_type
+        self.workdir = Path(tempfile.mkdtemp(prefix="cuda-agent-eval-"))
+        (self.workdir / "solution").mkdir()
+        self.started_at = time.monotonic()
+        self.used = False  # set once a request reached either child: from then on, never reused
+        warm_env = {**env, WARM_ENV: device_type}
+        self.reference = Child("reference", self.workdir, env=warm_env)
+        try:
+            self.candidate = Child("candidate", self.workdir / "solution", env=warm_env, log_name="../candidate.log", guard=guard)
+        except BaseException:
+            self.reference.close()
+            raise
+
+    def alive(self) -> bool:
+        return self.reference.proc.poll() is None and self.candidate.proc.poll() is None
+
+    def close(self) -> None:
+        """Kill both children's process groups and remove the folder."""
+        try:
+            self.candidate.close()
+        finally:
+            self.reference.close()
+            for path in self.workdir.rglob("*"):
+                if path.is_dir():
+                    try:
+                        path.chmod(0o755)
+                    except OSError:
+                        pass
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class StandbySlots:
+    """At most one evaluation slot kept warming for the next evaluation (thread-safe).
+
+    take() hands out the standby slot when it was started for the same environment and
+    protections and both its children are alive, else starts a fresh one; refill() starts the
+    standby for next time. A slot that was never used (no request sent) may be given back.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._standby: EvaluationSlot | None = None
+        self.hits = 0
+        self.misses = 0
+
+    def take(self, env: dict[str, str], guard: dict, device_type: str) -> EvaluationSlot:
+        key = _slot_key(env, guard)
+        with self._lock:
+            slot, self._standby = self._standby, None
+        if slot is not None and slot.key == key and slot.alive():
+            self.hits += 1
+            return slot
+        if slot is not None:
+            slot.close()
+        self.misses += 1
+        return EvaluationSlot(env, guard, device_type)
+
+    def refill(self, env: dict[str, str], guard: dict, device_type: str) -> None:
+        """Start the standby slot for the next evaluation unless a matching one is warming."""
+        key = _slot_key(env, guard)
+        with self._lock:
+            if self._standby is not None and self._standby.key == key and self._standby.alive():
+                return
+            old, self._standby = self._standby, None
+        if old is not None:
+            old.close()
+        slot = EvaluationSlot(env, guard, device_type)
+        with self._lock:
+            old, self._standby = self._standby, slot
+        if old is not None:
+            old.close()
+
+    def give_back(self, slot: EvaluationSlot) -> None:
+        """Keep an unused slot as the standby (an evaluation that ended before its children ran)."""
+        leftovers = [p for p in slot.workdir.iterdir() if p.name not in ("solution", "reference.log", "candidate.log")] if slot.workdir.exists() else []
+        if slot.used or leftovers or any(slot.workdir.joinpath("solution").iterdir()) or not slot.alive():
+            slot.close()
+            return
+        with self._lock:
+            old, self._standby = self._standby, slot
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        with self._lock:
+            slot, self._standby = self._standby, None
+        if slot is not None:
+            slot.close()

@@ -1,0 +1,152 @@
+"""Children started ahead of their evaluation (sandbox.StandbySlots, evaluation.keep_children_warm):
+a warm slot is handed out once, only for the environment and protections it was started with,
+never when a child died; its processes and folder go away when it closes; evaluations that use
+warm children still never share a process."""
+
+import os
+import signal
+import time
+
+from evaluator_cuda import evaluation
+from evaluator_cuda.build import build_env
+from evaluator_cuda.sandbox import StandbySlots, child_guard
+from evaluator_cuda.settings import EvalSettings
+
+from evaluator_helpers import AXPY_TASK, build_cache, host, model_new_with, workspace  # noqa: F401
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie of ours counts as gone
+            if open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _env_guard(tmp_path, **overrides):
+    settings = EvalSettings.for_backend("host", cache_dir=str(tmp_path / "cache"), **overrides)
+    return build_env(settings), child_guard(settings)
+
+
+def test_a_standby_slot_is_handed_out_once_and_only_for_its_own_environment(tmp_path):
+    slots = StandbySlots()
+    env, guard = _env_guard(tmp_path)
+    try:
+        first = slots.take(env, guard, "cpu")
+        assert (slots.hits, slots.misses) == (0, 1)
+        first.used = True
+        slots.refill(env, guard, "cpu")
+        standby = slots._standby
+        assert standby is not None and standby is not first and standby.alive()
+        pids = {standby.reference.proc.pid, standby.candidate.proc.pid}
+        assert not pids & {first.reference.proc.pid, first.candidate.proc.pid}
+        slots.refill(env, guard, "cpu")  # already warming for this environment: nothing new
+        assert slots._standby is standby
+        second = slots.take(env, guard, "cpu")
+        assert second is standby and (slots.hits, slots.misses) == (1, 1)
+        assert slots._standby is None  # handed out once
+        third = slots.take(env, guard, "cpu")
+        assert third is not second and (slots.hits, slots.misses) == (1, 2)
+        for slot in (first, second, third):
+            slot.close()
+
+        # a standby started for other settings (another cache, other limits) is not handed out, and is killed
+        slots.refill(env, guard, "cpu")
+        stale = slots._standby
+        other_env, other_guard = _env_guard(tmp_path / "other", child_cpu_seconds=77)
+        fresh = slots.take(other_env, other_guard, "cpu")
+        assert fresh is not stale and slots.misses == 3
+        assert _gone(stale.reference.proc.pid) and _gone(stale.candidate.proc.pid)
+        assert not stale.workdir.exists()
+        fresh.close()
+    finally:
+        slots.close()
+
+
+def test_a_standby_whose_child_died_is_replaced(tmp_path):
+    slots = StandbySlots()
+    env, guard = _env_guard(tmp_path)
+    try:
+        slots.refill(env, guard, "cpu")
+        standby = slots._standby
+        os.killpg(standby.candidate.proc.pid, signal.SIGKILL)
+        standby.candidate.proc.wait(timeout=10)
+        slot = slots.take(env, guard, "cpu")
+        assert slot is not standby and (slots.hits, slots.misses) == (0, 1)
+        assert _gone(standby.reference.proc.pid)  # the dead slot's other child is killed too
+        slot.close()
+    finally:
+        slots.close()
+
+
+def test_only_an_untouched_slot_may_be_given_back(tmp_path):
+    slots = StandbySlots()
+    env, guard = _env_guard(tmp_path)
+    try:
+        unused = slots.take(env, guard, "cpu")
+        slots.give_back(unused)
+        assert slots._standby is unused and unused.alive()
+        assert slots.take(env, guard, "cpu") is unused
+
+        unused.used = True  # a request reached its children
+        slots.give_back(unused)
+        assert slots._standby is None and _gone(unused.candidate.proc.pid) and not unused.workdir.exists()
+
+        written = slots.take(env, guard, "cpu")
+        (written.workdir / "solution" / "model_new.py").write_text("x = 1\n")  # a solution was written into it
+        slots.give_back(written)
+        assert slots._standby is None and not written.workdir.exists()
+    finally:
+        slots.close()
+
+
+def test_close_kills_the_whole_group_and_removes_the_folder(tmp_path):
+    slots = StandbySlots()
+    env, guard = _env_guard(tmp_path)
+    slots.refill(env, guard, "cpu")
+    standby = slots._standby
+    pids = [standby.reference.proc.pid, standby.candidate.proc.pid]
+    slots.close()
+    assert all(_gone(pid) for pid in pids)
+    assert not standby.workdir.exists()
+
+
+STATEFUL_PRELUDE = """
+if getattr(torch, "_served_an_evaluation", False):
+    raise RuntimeError("this process already served an evaluation")
+torch._served_an_evaluation = True
+"""
+
+
+def test_warm_children_serve_one_evaluation_each(build_cache):
+    """With children kept warm, back-to-back evaluations find their children started, and a
+    candidate that marks its process finds no mark: no process serves two evaluations."""
+    solution = workspace(model_new=model_new_with("return cuda_extension.axpy_forward(x, y, float(self.alpha))", prelude=STATEFUL_PRELUDE))
+    settings = host(build_cache, static_checks=False)
+    before = evaluation.standby_counters()
+    with evaluation.children_kept_warm():
+        first = evaluation.evaluate(AXPY_TASK, solution, settings)
+        time.sleep(1.0)
+        second = evaluation.evaluate(AXPY_TASK, solution, settings)
+        third = evaluation.evaluate(AXPY_TASK, solution, settings)
+        counters = evaluation.standby_counters()
+    assert [r["status"] for r in (first, second, third)] == ["correct"] * 3, [r["message"] for r in (first, second, third)]
+    assert counters["hits"] - before["hits"] >= 2  # the second and third found warm children
+    assert second["children_warm_s"] >= 1.0  # started while the first evaluation ended, a second earlier
+    assert evaluation._STANDBY._standby is None  # leaving the block stops and removes the standby
+
+
+def test_without_keep_warm_no_child_outlives_its_evaluation(build_cache):
+    before = evaluation.standby_counters()
+    record = evaluation.evaluate(AXPY_TASK, workspace(), host(build_cache))
+    assert record["status"] == "correct"
+    assert evaluation._STANDBY._standby is None
+    assert evaluation.standby_counters()["misses"] == before["misses"] + 1
