@@ -83,6 +83,7 @@ class CandidateRole:
         self.flush = None
         self.extension_calls = [0]
         self.require_extension = False
+        self.l2_resets = 0  # calls before which the driver demoted persisting L2 lines (CUDA)
 
     def do_load(self, req: dict) -> dict:
         self.device = req["device"]
@@ -90,6 +91,9 @@ class CandidateRole:
         solution_dir = Path(req["solution_dir"])
         sys.path.insert(0, str(solution_dir))
         import torch  # noqa: F401  (torch before any extension)
+
+        if self.device == "cuda":
+            _profile.bind_cuda_timing()  # before any candidate code can rebind torch.cuda's timing functions
 
         self.require_extension = req["format"] != "reference" and self.block_torch
         if req["format"] == "kernelbench":  # it builds its own extension (torch.utils.cpp_extension is slow to import)
@@ -151,7 +155,7 @@ class CandidateRole:
         import torch
 
         from .child_reference import to_device
-        from .profile import flush_l2, poison_allocator, time_one_call
+        from .profile import flush_l2, poison_allocator, reset_persisting_l2, time_one_call
         from .torch_guard import ForbiddenTorchCompute, refuse_torch_compute
 
         if self.model is None:
@@ -161,6 +165,8 @@ class CandidateRole:
         poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)
         if self.device == "cuda" and self.flush is None and int(req.get("l2_flush_bytes", 0)):
             self.flush = torch.empty(int(req["l2_flush_bytes"]) // 4, dtype=torch.int32, device="cuda")
+        if self.device == "cuda":
+            self.l2_resets += reset_persisting_l2()
         flush_l2(self.flush)
         calls_before = self.extension_calls[0]
         model = self.model
@@ -184,7 +190,7 @@ class CandidateRole:
             raise HandlerError("mutated_inputs", f"forward modified its input(s) {mutated}")
         copied = _copy_out(out)
         self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]  # output-sized blocks: where empty_like lands
-        return {"output": copied, "time_us": time_us, "wall_us": wall_us}
+        return {"output": copied, "time_us": time_us, "wall_us": wall_us, "l2_resets": self.l2_resets}
 
 
 def _same_tensor(a, b) -> bool:

@@ -269,6 +269,8 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
             if position >= settings.warmup:
                 times.append(reply.get("time_us"))
                 walls.append(reply.get("wall_us"))
+        # CUDA: whether the driver demoted persisting L2 lines before every call (hacks.md #19)
+        record["persisting_l2_reset"] = (reply.get("l2_resets") == len(schedule)) if device == "cuda" and schedule else None
         if _keep_warm:  # the timed calls are over: the next evaluation's children may start now
             _STANDBY.refill(slot.env, slot.guard, slot.device_type)
 

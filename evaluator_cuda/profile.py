@@ -16,6 +16,43 @@ import time
 # that later replaces time.perf_counter_ns does not change what the harness reads (hacks.md #7).
 _clock_ns = time.perf_counter_ns
 
+# The CUDA timing functions, bound the same way by bind_cuda_timing() in the candidate child,
+# after torch is imported and before the candidate's code is: (Event class, Event.record,
+# Event.elapsed_time, torch.cuda.synchronize). Rebinding them later in torch changes nothing
+# here; the static checks reject sources that assign to module attributes at all.
+_cuda_timing: tuple | None = None
+_reset_persisting_l2 = None
+
+
+def bind_cuda_timing() -> None:
+    """Bind the CUDA event/synchronize functions and the driver's persisting-L2 reset now."""
+    global _cuda_timing, _reset_persisting_l2
+    import torch
+
+    event = torch.cuda.Event
+    _cuda_timing = (event, event.record, event.elapsed_time, torch.cuda.synchronize)
+    _reset_persisting_l2 = _driver_persisting_l2_reset()
+
+
+def _driver_persisting_l2_reset():
+    """cuCtxResetPersistingL2Cache from the CUDA driver (None without one)."""
+    import ctypes
+
+    try:
+        function = ctypes.CDLL("libcuda.so.1").cuCtxResetPersistingL2Cache
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = []
+    return function
+
+
+def reset_persisting_l2() -> bool:
+    """Demote every persisting L2 line of the current context to normal (hacks.md #19), so the
+    L2 flush that follows evicts them too. True when the driver did it."""
+    return bool(_reset_persisting_l2 is not None and _reset_persisting_l2() == 0)
+
+
 # Two poison byte patterns, alternated call by call (hacks.md #1, #14): 0xFF is NaN in every
 # float format; 0x7F gives large finite values (3.4e38 in float32, 0x7F7F in bf16).
 POISON_BYTES = (0xFF, 0x7F)
@@ -107,17 +144,18 @@ def time_one_call(call, device_type: str):
     if device_type == "cuda":
         import torch
 
+        event, record, elapsed_time, synchronize = _cuda_timing or (torch.cuda.Event, torch.cuda.Event.record, torch.cuda.Event.elapsed_time, torch.cuda.synchronize)
         # No synchronize before the start event (as in time_forward and do_bench): the L2 flush
         # queued just before keeps the GPU busy while the host reaches the launch, so the host
         # overhead of the guard is not counted as GPU time. The previous call ended synchronised.
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = event(enable_timing=True), event(enable_timing=True)
         begin = _clock_ns()
-        start.record()
+        record(start)
         output = call()
-        end.record()
-        torch.cuda.synchronize()
+        record(end)
+        synchronize()
         wall_us = (_clock_ns() - begin) / 1000.0
-        return output, start.elapsed_time(end) * 1000.0, wall_us
+        return output, elapsed_time(start, end) * 1000.0, wall_us
     begin = _clock_ns()
     output = call()
     wall_us = (_clock_ns() - begin) / 1000.0

@@ -8,7 +8,9 @@ reason name plus one line naming the file and the line; any finding rejects the 
 - Python (`model_new.py`, a KernelBench file): `class ModelNew(Model)` or importing the
   reference module (inheriting the reference forward), try/except inside ModelNew (a fallback
   to torch), threads, processes, sockets and ctypes (background work, escaping the sandbox,
-  dlsym detours), CUDA streams created from Python.
+  dlsym detours), CUDA streams created from Python, and rebinding any attribute of an imported
+  module (`torch.cuda.Event.elapsed_time = ...`, `setattr(torch.cuda, ...)`: patching the
+  timer or the checker, hacks.md #7).
 - C++/CUDA (kernels/*, and load_inline source strings, which live inside the .py): `at::` /
   `torch::` calls other than allocation, metadata and the current stream; threads, fork,
   system/popen; stream creation; L2 persistence windows.
@@ -47,13 +49,42 @@ _FORBIDDEN_MODULES = {
     "evaluator_cuda": "harness", "pickle": "introspection", "marshal": "introspection",
 }
 _FORBIDDEN_CALLS = {"__import__": "introspection", "eval": "introspection", "exec": "introspection",
-                    "compile": "introspection", "globals": "introspection", "vars": "introspection"}
+                    "compile": "introspection", "globals": "introspection", "vars": "introspection",
+                    "setattr": "monkeypatch", "delattr": "monkeypatch"}
 _FORBIDDEN_ATTRS = {("os", "fork"): "processes", ("os", "system"): "processes", ("os", "popen"): "processes",
                     ("os", "forkpty"): "processes", ("cuda", "Stream"): "side_stream", ("cuda", "stream"): "side_stream",
                     ("cuda", "ExternalStream"): "side_stream", ("sys", "_getframe"): "introspection",
                     ("sys", "modules"): "introspection", ("os", "write"): "channel", ("os", "dup2"): "channel",
                     ("os", "fdopen"): "channel", ("os", "open"): "channel", ("os", "kill"): "processes"}
 REFERENCE_MODULES = ("model", "reference_task")
+
+
+def _imported_names(tree: ast.Module) -> set[str]:
+    """Names bound to modules by the file's imports (`import torch.cuda as tc` binds tc, `import torch` binds torch)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            names.update(alias.asname or alias.name for alias in node.names if alias.name != "*")
+    return names
+
+
+def _root_name(node: ast.expr) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _patched_targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        return [t for target in node.targets for t in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])]
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        return [node.target]
+    if isinstance(node, ast.Delete):
+        return list(node.targets)
+    return []
 
 
 class Finding(tuple):
@@ -98,8 +129,14 @@ def check_python_source(name: str, text: str) -> list[Finding]:
     except SyntaxError:
         return []  # the candidate child reports syntax errors with their line
     findings = []
+    modules = _imported_names(tree)
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
+        for target in _patched_targets(node):
+            # `torch.cuda.Event.elapsed_time = ...`, `time.perf_counter = ...`: rebinding what a
+            # module (the harness's too) looks up; the candidate's own objects (self.x = ...) are fine.
+            if isinstance(target, (ast.Attribute, ast.Subscript)) and _root_name(target) in modules:
+                findings.append(Finding(("monkeypatch", f"{name}:{line}: assigns to {ast.unparse(target)[:80]} (patching a module)")))
         if isinstance(node, ast.Import):
             for alias in node.names:
                 top = alias.name.split(".")[0]

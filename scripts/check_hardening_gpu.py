@@ -5,7 +5,7 @@ precision and speed-of-light flags, sandbox) and the CUDA-only planted cheats, i
     OUT=/some/dir python scripts/check_hardening_gpu.py   # also $OUT/hardening_gpu.json
 
 Expected: every example `correct` except `*__wrong` (`incorrect`); `sol_violation` false;
-`downgrade_suspected` false; the side-stream and L2-window cheats `incorrect` with their
+`downgrade_suspected` false; `persisting_l2_reset` true on every evaluation that reached its calls; the side-stream and L2-window cheats `incorrect` with their
 `rejected` reason; the illegal-address kernel `runtime_error` with needs_recycle true.
 """
 
@@ -67,6 +67,7 @@ def main() -> int:
             "rejected": record.get("rejected"), "median_us": times.get("median_us"), "wall_median_us": times.get("wall_median_us"),
             "speedup_eager": record["speedup"]["eager"], "sol_violation": record.get("sol_violation"),
             "downgrade": (record.get("precision") or {}).get("downgrade_suspected"), "needs_recycle": record.get("needs_recycle", False),
+            "persisting_l2_reset": record.get("persisting_l2_reset"),
             "network": (record.get("sandbox") or {}).get("network"), "wall_s": round(time.perf_counter() - begin, 2), "message": record["message"][:160],
         })
         print(json.dumps(rows[-1]), flush=True)

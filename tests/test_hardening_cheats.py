@@ -184,6 +184,13 @@ def test_7_patching_the_clock_does_not_change_the_times(build_cache):
     assert record["times_us"]["candidate"]["min_us"] > 0.0
 
 
+def test_7_patching_torch_timing_is_rejected_before_anything_runs(tmp_path):
+    prelude = "torch.cuda.Event.elapsed_time = lambda self, end: 1e-3\ntorch.cuda.synchronize = lambda *a: None\n"
+    record = evaluate(AXPY_TASK, workspace("+", model_new=model_new_with(HONEST_CALL, prelude=prelude)), host(str(tmp_path), profile=True))
+    rejected(record, "monkeypatch")
+    assert "build" not in record["wall_s"]  # rejected from the sources, before the build
+
+
 def test_7_harness_import_is_rejected(tmp_path):
     rejected(evaluate(AXPY_TASK, kernelbench("return x", prelude="import evaluator_cuda.profile as p"), host(str(tmp_path))), "harness")
 

@@ -70,6 +70,12 @@ def test_cpp_allocation_metadata_and_comments_are_allowed():
         ("import torch\ns = torch.cuda.Stream()\n", "side_stream"),
         ("class Model: pass\nclass ModelNew(Model):\n    pass\n", "inherits_reference"),
         ("class ModelNew:\n    def forward(self, x):\n        try:\n            return f(x)\n        except Exception:\n            return x\n", "fallback"),
+        ("import torch\ntorch.cuda.Event.elapsed_time = lambda self, end: 1e-3\n", "monkeypatch"),
+        ("import torch.cuda as tc\ntc.synchronize = lambda: None\n", "monkeypatch"),
+        ("from torch import testing\ntesting.assert_close = lambda *a, **k: None\n", "monkeypatch"),
+        ("import time\ntime.perf_counter_ns, x = (lambda: 0), 1\n", "monkeypatch"),
+        ("import torch\ndel torch.cuda.Event.elapsed_time\n", "monkeypatch"),
+        ("import torch\nsetattr(torch.cuda, 'synchronize', lambda: None)\n", "monkeypatch"),
         ("CPP = '''\n#include <thread>\nvoid f() { std::thread t([]{}); t.join(); }\n'''\n", "threads"),
     ],
 )
@@ -84,4 +90,10 @@ def test_python_allowed_forms():
         "class ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return cuda_extension.f(x)\n"
     )
     assert check_python_source("model_new.py", source) == []
+    own_state = (  # assignments to the candidate's own objects and locals are not patching
+        "import torch\nimport cuda_extension\nCACHE = {}\n"
+        "class ModelNew(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.scale = 2.0\n"
+        "    def forward(self, x):\n        out = cuda_extension.f(x)\n        out[0] = out[0]\n        CACHE['n'] = 1\n        return out\n"
+    )
+    assert check_python_source("model_new.py", own_state) == []
     assert check_python_source("broken.py", "def (:\n") == []  # syntax errors are reported by the candidate child
