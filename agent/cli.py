@@ -189,6 +189,15 @@ def rollout(
     model_dir: Optional[str] = typer.Option(None),
     max_turns: Optional[int] = typer.Option(None),
     keep_workspaces: bool = typer.Option(False, help="Keep every episode's workspace (default: remove it once its trajectory is in memory)."),
+    salt_per_episode: bool = typer.Option(
+        True,
+        "--salt-per-episode/--no-salt-per-episode",
+        help="Give every episode its own evaluator salt (default: on). The broker evaluates byte-identical jobs "
+        "with the same salt once and hands that one result to every episode that submits them; training episodes "
+        "must each get their own evaluation (fresh random inputs, their own timings) even when two episodes write "
+        "identical solutions. --no-salt-per-episode lets identical solutions share one evaluation (cheaper, e.g. "
+        "for replaying known solutions).",
+    ),
 ) -> None:
     """Run many episodes concurrently and write their trajectories (with a progress bar)."""
     import asyncio
@@ -224,7 +233,10 @@ def rollout(
             progress.update(bar, advance=1, description=f"episodes (mean reward {mean:+.2f})")
 
         async def run(gateway):
-            return await run_episodes(task_list, lambda t, i: policies[i], chat_tokenizer, cfg, gateway, root, concurrency, on_done=done)
+            return await run_episodes(
+                task_list, lambda t, i: policies[i], chat_tokenizer, cfg, gateway, root, concurrency,
+                on_done=done, salt_per_episode=salt_per_episode,
+            )
 
         results = asyncio.run(_with_evaluator(bridge, cfg.backend, root / "fleet-logs", run))
     write_trajectories(results, out)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
@@ -270,9 +271,12 @@ async def run_episodes(
     """Run one episode per task (tasks may repeat), at most `concurrency` at a time, in task order.
 
     `salt_per_episode`: every episode gets its own evaluations even of byte-identical solutions.
+    Its salt names the batch (the directory's name and a random id drawn per call, so that a
+    broker's stored results of an earlier batch never answer this one) and the episode's index.
     """
     episodes_dir = Path(episodes_dir)
     gate = asyncio.Semaphore(max(1, concurrency))
+    batch_id = uuid.uuid4().hex[:12]
 
     async def one(index: int, task: Task) -> EpisodeResult:
         async with gate:
@@ -283,7 +287,7 @@ async def run_episodes(
                 config,
                 evaluator,
                 episodes_dir / f"{index:05d}_{task.name}" / "workspace",
-                evaluator_salt=f"{episodes_dir.name}/{index}" if salt_per_episode else None,
+                evaluator_salt=f"{episodes_dir.name}/{batch_id}/{index}" if salt_per_episode else None,
             )
         if on_done is not None:
             on_done(result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -14,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from agent.config import AgentConfig, SandboxLimits, load_agent_config
+from agent.prompts import system_prompt
 from agent.sandbox import can_switch_uid, sandbox_report
 from agent.tool_calls import ToolCall, ToolCallError, format_tool_call, parse_tool_calls
 from agent.toolbox import Toolbox
 from agent.tools import default_tools
-from agent.tools.base import ToolContext, schema_errors, truncate_text
+from agent.tools.base import ToolContext, ToolFailure, schema_errors, truncate_text
+from agent.tools.notebook import NotebookEditTool
 from agent.workspace import WorkspaceError, claim_sandbox_uid, create_workspace, release_sandbox_uid
 
 TASK = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
@@ -370,3 +373,184 @@ def test_commands_get_the_configured_limits(context):
     assert text.split("\n")[:4] == [str(limits.cpu_seconds), str(limits.memory_bytes // 1024), str(limits.max_file_bytes // 1024), "0"]  # bash counts -v and -f in KiB
     text, _ = call(context, "Bash", command="head -c 70000000 /dev/zero > kernels/big.bin; echo rc=$?; stat -c %s kernels/big.bin")
     assert str(limits.max_file_bytes) in text and "rc=0" not in text  # writing past the file-size limit fails
+
+
+# --- NotebookEdit --------------------------------------------------------------------------
+
+NOTEBOOK = {
+    "cells": [
+        {"cell_type": "markdown", "id": "intro", "metadata": {}, "source": ["# Timing\n", "Notes on the kernel."]},
+        {
+            "cell_type": "code",
+            "id": "bench",
+            "metadata": {"tags": ["timing"]},
+            "execution_count": 7,
+            "outputs": [{"output_type": "stream", "name": "stdout", "text": ["1.5 ms\n"]}],
+            "source": ["print(bench())\n"],
+        },
+        {"cell_type": "code", "id": "plot", "metadata": {}, "execution_count": None, "outputs": [], "source": "plot()"},
+    ],
+    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+
+
+def write_notebook(ctx, path="notes/analysis.ipynb", notebook=NOTEBOOK):
+    ctx.workspace.write_text(path, json.dumps(notebook, indent=1))
+    return ctx.workspace.root / path
+
+
+def read_notebook(path):
+    return json.loads(path.read_text())
+
+
+def source_of(cell):
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+def test_notebook_edit_is_offered_to_the_policy():
+    tools = default_tools()
+    names = [tool.name for tool in tools]
+    assert names[:10] == ["Bash", "Read", "Write", "Edit", "MultiEdit", "Glob", "Grep", "BashOutput", "KillBash", "NotebookEdit"]
+    schema = next(tool for tool in tools if tool.name == "NotebookEdit").schema()
+    assert set(schema["function"]["parameters"]["properties"]) == {"notebook_path", "cell_id", "new_source", "cell_type", "edit_mode"}
+    assert json.dumps(schema) in system_prompt(tools)
+
+
+def test_notebook_replace_clears_code_outputs_and_keeps_the_rest(context):
+    path = write_notebook(context)
+    text, stats = call(context, "NotebookEdit", notebook_path="notes/analysis.ipynb", cell_id="bench", new_source="t = bench()\nprint(t)\n")
+    assert not text.startswith("Error"), text
+    assert stats.failures == 0 and stats.schema_violations == 0
+    notebook = read_notebook(path)
+    cells = notebook["cells"]
+    assert [c["id"] for c in cells] == ["intro", "bench", "plot"]
+    assert source_of(cells[1]) == "t = bench()\nprint(t)\n"
+    assert cells[1]["source"] == ["t = bench()\n", "print(t)\n"]  # nbformat's list-of-lines form
+    assert cells[1]["outputs"] == [] and cells[1]["execution_count"] is None
+    assert cells[1]["cell_type"] == "code" and cells[1]["metadata"] == {"tags": ["timing"]}
+    assert cells[0] == NOTEBOOK["cells"][0] and cells[2] == NOTEBOOK["cells"][2]
+    assert notebook["metadata"] == NOTEBOOK["metadata"] and (notebook["nbformat"], notebook["nbformat_minor"]) == (4, 5)
+    # edit_mode replace is the default; cell_type converts the cell.
+    call(context, "NotebookEdit", notebook_path="notes/analysis.ipynb", cell_id="intro", new_source="## Results", edit_mode="replace")
+    assert source_of(read_notebook(path)["cells"][0]) == "## Results"
+    call(context, "NotebookEdit", notebook_path="notes/analysis.ipynb", cell_id="bench", new_source="Now prose.", cell_type="markdown")
+    converted = read_notebook(path)["cells"][1]
+    assert converted["cell_type"] == "markdown" and "outputs" not in converted and "execution_count" not in converted
+    call(context, "NotebookEdit", notebook_path="notes/analysis.ipynb", cell_id="intro", new_source="x = 1", cell_type="code")
+    converted = read_notebook(path)["cells"][0]
+    assert converted["cell_type"] == "code" and converted["outputs"] == [] and converted["execution_count"] is None
+
+
+def test_notebook_insert_places_a_new_cell_with_a_fresh_id(context):
+    path = write_notebook(context)
+    text, _ = call(context, "NotebookEdit", notebook_path="notes/analysis.ipynb", cell_id="intro", new_source="import torch", cell_type="code", edit_mode="insert")
+    assert not text.startswith("Error"), text
+    cells = read_notebook(path)["cells"]
+    assert len(cells) == 4 and [cells[0]["id"], cells[2]["id"], cells[3]["id"]] == ["intro", "bench", "plot"]
+    inserted = cells[1]
+    assert inserted["cell_type"] == "code" and source_of(inserted) == "import torch"
+    assert inserted["outputs"] == [] and inserted["execution_count"] is None
+    assert isinstance(inserted["id"], str) and inserted["id"] not in ("intro", "bench", "plot")
+    assert inserted["id"] in text  # the policy learns the new id
+    # Without cell_id the cell goes first; every new cell has its own id.
+    call(context, "NotebookEdit", notebook_path="notes/analysis.ipynb", new_source="# Title", cell_type="markdown", edit_mode="insert")
+    cells = read_notebook(path)["cells"]
+    assert len(cells) == 5 and cells[0]["cell_type"] == "markdown" and source_of(cells[0]) == "# Title"
+    assert "outputs" not in cells[0] and "execution_count" not in cells[0]
+    assert cells[1]["id"] == "intro" and len({c["id"] for c in cells}) == 5
+    # After the last cell.
+    call(context, "NotebookEdit", notebook_path="notes/analysis.ipynb", cell_id="plot", new_source="done", cell_type="markdown", edit_mode="insert")
+    cells = read_notebook(path)["cells"]
+    assert cells[-2]["id"] == "plot" and source_of(cells[-1]) == "done"
+
+
+def test_notebook_delete_removes_only_that_cell(context):
+    path = write_notebook(context)
+    text, _ = call(context, "NotebookEdit", notebook_path="notes/analysis.ipynb", cell_id="bench", edit_mode="delete")
+    assert not text.startswith("Error"), text
+    cells = read_notebook(path)["cells"]
+    assert cells == [NOTEBOOK["cells"][0], NOTEBOOK["cells"][2]]
+
+
+def test_notebook_without_cell_ids_is_addressed_by_position_and_upgraded_on_insert(context):
+    old = {
+        "cells": [{k: v for k, v in cell.items() if k != "id"} for cell in NOTEBOOK["cells"]],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 4,
+    }
+    path = write_notebook(context, "old.ipynb", old)
+    call(context, "NotebookEdit", notebook_path="old.ipynb", cell_id="cell-2", new_source="plot(t)")
+    notebook = read_notebook(path)
+    assert source_of(notebook["cells"][2]) == "plot(t)" and notebook["nbformat_minor"] == 4
+    assert all("id" not in cell for cell in notebook["cells"])
+    text, _ = call(context, "NotebookEdit", notebook_path="old.ipynb", cell_id="cell-0", new_source="x", cell_type="code", edit_mode="insert")
+    notebook = read_notebook(path)
+    assert notebook["nbformat_minor"] == 5 and "upgraded" in text
+    ids = [cell.get("id") for cell in notebook["cells"]]
+    assert len(ids) == 4 and all(isinstance(i, str) and i for i in ids) and len(set(ids)) == 4
+    assert source_of(notebook["cells"][1]) == "x"
+
+
+@pytest.mark.parametrize(
+    "content, arguments, fragment",
+    [
+        (None, {"cell_id": "bench", "new_source": "x"}, "does not exist"),
+        ("{not json", {"cell_id": "bench", "new_source": "x"}, "invalid JSON"),
+        ("[1, 2]", {"cell_id": "bench", "new_source": "x"}, "not a Jupyter notebook"),
+        ('{"nbformat": 3, "cells": []}', {"cell_id": "bench", "new_source": "x"}, "only nbformat 4"),
+        (NOTEBOOK, {"cell_id": "nope", "new_source": "x"}, "cell id 'nope' was not found"),
+        (NOTEBOOK, {"cell_id": "nope", "edit_mode": "delete"}, "its cell ids: intro, bench, plot"),
+        (NOTEBOOK, {"cell_id": "cell-1", "new_source": "x"}, "cell id 'cell-1' was not found"),  # cells have ids
+        (NOTEBOOK, {"cell_id": "intro", "new_source": "x", "edit_mode": "insert"}, "cell_type (code or markdown) is required to insert"),
+        (NOTEBOOK, {"new_source": "x"}, "cell_id is required to replace"),
+        (NOTEBOOK, {"cell_id": "bench"}, "new_source is required to replace"),
+        (NOTEBOOK, {"cell_id": "ghost", "new_source": "x", "cell_type": "code", "edit_mode": "insert"}, "cell id 'ghost' was not found"),
+    ],
+)
+def test_notebook_edit_errors_leave_the_file_unchanged(context, content, arguments, fragment):
+    path = context.workspace.root / "nb.ipynb"
+    if content is not None:
+        context.workspace.write_text("nb.ipynb", content if isinstance(content, str) else json.dumps(content))
+    before = path.read_bytes() if path.exists() else None
+    text, stats = call(context, "NotebookEdit", notebook_path="nb.ipynb", **arguments)
+    assert text.startswith("Error:") and fragment in text, text
+    assert stats.failures == 1 and stats.schema_violations == 0
+    assert (path.read_bytes() if path.exists() else None) == before
+
+
+def test_notebook_edit_refuses_other_files_and_bad_modes(context):
+    context.workspace.write_text("kernels/op.cpp", "int a;\n")
+    text, _ = call(context, "NotebookEdit", notebook_path="kernels/op.cpp", cell_id="a", new_source="x")
+    assert "is not a Jupyter notebook (a .ipynb file)" in text
+    assert (context.workspace.root / "kernels" / "op.cpp").read_text() == "int a;\n"
+    write_notebook(context)
+    # Through the toolbox, an unknown edit_mode or cell_type is a schema violation ...
+    for bad in ({"edit_mode": "append"}, {"cell_type": "raw"}):
+        text, stats = call(context, "NotebookEdit", notebook_path="notes/analysis.ipynb", cell_id="bench", new_source="x", **bad)
+        assert stats.schema_violations == 1 and "must be one of" in text, text
+    # ... and the tool itself refuses it too when called directly.
+    with pytest.raises(ToolFailure, match="edit_mode must be one of replace, insert, delete, not 'append'"):
+        context.runner.run(NotebookEditTool().run(context, {"notebook_path": "notes/analysis.ipynb", "cell_id": "bench", "new_source": "x", "edit_mode": "append"}))
+    assert read_notebook(context.workspace.root / "notes" / "analysis.ipynb") == NOTEBOOK
+
+
+def test_notebook_edit_is_confined_to_the_workspace(context, tmp_path):
+    outside = tmp_path / "outside.ipynb"
+    outside.write_text(json.dumps(NOTEBOOK))
+    before = outside.read_bytes()
+    os.symlink(outside, context.workspace.root / "kernels" / "link.ipynb")
+    os.symlink(tmp_path, context.workspace.root / "kernels" / "outdir")
+    for path in ("../outside.ipynb", "kernels/../../outside.ipynb", str(outside), "kernels/link.ipynb", "kernels/outdir/outside.ipynb"):
+        for arguments in ({"cell_id": "bench", "new_source": "pwned"}, {"cell_id": "bench", "edit_mode": "delete"},
+                          {"new_source": "pwned", "cell_type": "code", "edit_mode": "insert"}):
+            text, _ = call(context, "NotebookEdit", notebook_path=path, **arguments)
+            assert text.startswith("Error:") and "outside the workspace" in text, (path, text)
+    assert outside.read_bytes() == before
+    # Harness files are refused the way Write and Edit refuse them.
+    for path in ("model.py", "./SKILL.md", "kernels/../binding.cpp"):
+        text, _ = call(context, "NotebookEdit", notebook_path=path, cell_id="a", new_source="x")
+        assert "read-only" in text, text
+    assert (context.workspace.root / "model.py").read_text() == TASK
