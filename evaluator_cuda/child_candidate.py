@@ -83,6 +83,7 @@ class CandidateRole:
         self.flush = None
         self.extension_calls = [0]
         self.require_extension = False
+        self.stored: dict = {}  # input-set id -> (device values, values as received)
         self.l2_resets = 0  # calls before which the driver demoted persisting L2 lines (CUDA)
 
     def do_load(self, req: dict) -> dict:
@@ -143,12 +144,22 @@ class CandidateRole:
         self.threads_at_start = {t.ident for t in threading.enumerate()}
         return {}
 
+    def do_store(self, req: dict) -> dict:
+        """Keep input sets on the device under the parent's opaque ids, so that a set used by
+        several calls crosses the channel once. Check and timed sets arrive alike, shuffled."""
+        from .child_reference import to_device
+
+        for entry in req["sets"]:
+            values = list(entry["inputs"])
+            self.stored[str(entry["id"])] = (to_device(values, self.device), values)
+        return {"stored": len(self.stored)}
+
     def do_call(self, req: dict) -> dict:
         """One call of the candidate: every call (checked or timed) takes exactly this path.
 
-        Fresh device copies of the inputs the parent sent, poisoned allocator blocks, L2
-        flushed, torch compute refused, timed, synchronised; the output is copied out at once
-        and the inputs compared with pristine copies.
+        Fresh device copies of an input set (sent with the call, or stored earlier under an
+        id), poisoned allocator blocks, L2 flushed, torch compute refused, timed, synchronised;
+        the output is copied out at once and the inputs compared with pristine copies.
         """
         import threading
 
@@ -160,8 +171,15 @@ class CandidateRole:
 
         if self.model is None:
             raise HandlerError("internal", "call before prepare")
-        pristine = [a if isinstance(a, torch.Tensor) else None for a in to_device(req["inputs"], self.device)]
-        args = [a.clone() if a is not None else v for a, v in zip(pristine, req["inputs"])]  # the candidate gets clones only
+        if "set" in req:
+            if str(req["set"]) not in self.stored:
+                raise HandlerError("internal", f"no stored input set {req['set']!r}")
+            on_device, values = self.stored[str(req["set"])]
+        else:
+            values = list(req["inputs"])
+            on_device = to_device(values, self.device)
+        pristine = [a if isinstance(a, torch.Tensor) else None for a in on_device]
+        args = [a.clone() if a is not None else v for a, v in zip(pristine, values)]  # the candidate gets clones only
         poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)
         if self.device == "cuda" and self.flush is None and int(req.get("l2_flush_bytes", 0)):
             self.flush = torch.empty(int(req["l2_flush_bytes"]) // 4, dtype=torch.int32, device="cuda")
