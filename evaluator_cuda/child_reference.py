@@ -81,6 +81,8 @@ class ReferenceRole:
         self.model = None
         self.device = "cpu"
         self.timing_inputs = None
+        self.timed_outputs: dict = {}  # seed -> reference output of a timed input set
+        self.generate_on_device = True
 
     def _task_call(self, what: str, fn):
         try:
@@ -119,8 +121,7 @@ class ReferenceRole:
         input_sets, outputs = [], []
         try:
             for seed in req["seeds"]:
-                torch.manual_seed(int(seed))
-                inputs = _check_inputs(self.task_name, "get_inputs", self._task_call("get_inputs()", self.namespace["get_inputs"]))
+                inputs = self._inputs_from_seed(seed)
                 device_inputs = to_device(inputs, self.device)
                 with torch.no_grad():
                     out = self._task_call("the reference forward", lambda: self.model(*device_inputs))
@@ -137,35 +138,51 @@ class ReferenceRole:
                 _sync(self.device)
         except TaskError as exc:
             raise HandlerError("task", str(exc)) from None
-        return {"inputs": input_sets, "outputs": outputs, "random": rerun is not None and _disagree(outputs[0], rerun)}
+        generated_on = "cuda" if self.device == "cuda" and self.generate_on_device else "cpu"
+        return {"inputs": input_sets, "outputs": outputs, "random": rerun is not None and _disagree(outputs[0], rerun), "generated_on": generated_on}
 
     def _inputs_from_seed(self, seed: int) -> list:
+        """get_inputs() after seeding. On a GPU the task's factory calls (torch.randn, ...) run
+        on the device, under `torch.device`: host-side generation of large random tensors would
+        cost more than the whole evaluation. A task whose get_inputs() fails that way (or
+        returns something the device cannot hold) is generated on the host as written."""
         import torch
 
+        get_inputs = self.namespace["get_inputs"]
+        if self.device == "cuda" and self.generate_on_device:
+            torch.manual_seed(int(seed))
+            try:
+                with torch.device("cuda"):
+                    return _check_inputs(self.task_name, "get_inputs", get_inputs())
+            except Exception:
+                self.generate_on_device = False  # every later set on the host too, so all sets match in kind
         torch.manual_seed(int(seed))
-        return _check_inputs(self.task_name, "get_inputs", self._task_call("get_inputs()", self.namespace["get_inputs"]))
+        return _check_inputs(self.task_name, "get_inputs", self._task_call("get_inputs()", get_inputs))
 
     def do_inputs(self, req: dict) -> dict:
-        """Input sets for timed calls (no outputs yet: the parent asks for the ones it checks)."""
-        try:
-            return {"inputs": [self._inputs_from_seed(seed) for seed in req["seeds"]]}
-        except TaskError as exc:
-            raise HandlerError("task", str(exc)) from None
-
-    def do_outputs(self, req: dict) -> dict:
-        """Reference outputs for input sets regenerated from their seeds (untouched inputs)."""
+        """Input sets for timed calls. Their reference outputs are computed now, from the
+        untouched inputs, and kept here: the parent asks for the ones it checks after the calls."""
         import torch
 
-        outputs = []
+        inputs = []
         try:
             for seed in req["seeds"]:
-                device_inputs = to_device(self._inputs_from_seed(seed), self.device)
+                values = self._inputs_from_seed(seed)
+                device_inputs = to_device(values, self.device)
                 with torch.no_grad():
-                    outputs.append(self._task_call("the reference forward", lambda: self.model(*device_inputs)))
+                    self.timed_outputs[int(seed)] = self._task_call("the reference forward", lambda: self.model(*device_inputs))
                 _sync(self.device)
+                inputs.append(values)
         except TaskError as exc:
             raise HandlerError("task", str(exc)) from None
-        return {"outputs": outputs}
+        return {"inputs": inputs}
+
+    def do_outputs(self, req: dict) -> dict:
+        """Reference outputs of timed input sets (kept since do_inputs)."""
+        missing = [seed for seed in req["seeds"] if int(seed) not in self.timed_outputs]
+        if missing:
+            raise HandlerError("internal", f"no reference outputs kept for seeds {missing}")
+        return {"outputs": [self.timed_outputs[int(seed)] for seed in req["seeds"]]}
 
     def do_baselines(self, req: dict) -> dict:
         import torch

@@ -227,6 +227,7 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         ref = _reply(reference, {"cmd": "reference", "seeds": seeds, "rerun": True}, settings.child_timeout_s, harness=True)
         if not ref.get("ok"):
             _fail_from_reference(ref)
+        record["inputs_generated_on"] = ref.get("generated_on")
         degenerate = "random: two runs on the same inputs disagree" if ref.get("random") else degenerate_reason(ref["outputs"], None, settings.atol, settings.rtol)
         if degenerate:
             record["task_degenerate"] = degenerate

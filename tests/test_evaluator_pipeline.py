@@ -104,6 +104,27 @@ def test_seeds_are_chosen_per_evaluation(tmp_path):
     assert len(set(first["seeds"]["inputs"])) == 5
 
 
+UNSEEDED_INPUTS_TASK = Task(
+    name="axpy_unseeded",
+    source=AXPY_TASK.source.replace("import torch\n", "import random\nimport torch\n", 1).replace(
+        "return [torch.randn(4096), torch.randn(4096)]",
+        "return [torch.randn(4096) + random.random(), torch.randn(4096)]  # python's RNG: not reseeded by the harness"),
+)
+
+
+def test_timed_outputs_are_checked_against_the_inputs_that_were_sent(build_cache):
+    """The reference outputs of timed calls come from the very input sets the candidate got,
+    not from regenerating them by seed: a task whose get_inputs() is not reproducible from the
+    torch seed (it uses Python's own RNG) still verifies an honest kernel, and still fails a wrong one."""
+    assert "random.random()" in UNSEEDED_INPUTS_TASK.source
+    settings = host(build_cache, profile=True, timed_checks=4)
+    honest = evaluate(UNSEEDED_INPUTS_TASK, workspace("+"), settings)
+    assert honest["status"] == "correct", honest["message"]
+    assert honest["checked_calls"]["timed"] == 4
+    wrong = evaluate(UNSEEDED_INPUTS_TASK, workspace("-"), settings)
+    assert wrong["status"] == "incorrect" and wrong["reward"] == -1
+
+
 def _plant_baselines(cache_dir: str, settings: EvalSettings, eager_us: float, compile_us: float) -> Path:
     import torch
 
