@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU figures of the open issues, grouped into calls of at most ~9 minutes each, for the
+# lent H200 (device tool: one command per call, $OUT comes back). Each step has its own time
+# limit, prints as it goes and tees its log to $OUT/<step>.log, so a cut step still leaves its
+# lines; a failing step does not stop the next.
+#
+#   bash scripts/gpu_session.sh evaluator   # issue 2 + 3: hardened CUDA path, do_bench side by side
+#   bash scripts/gpu_session.sh speed       # issue 3 items 7-8: evaluation speed, both builds
+#   bash scripts/gpu_session.sh policy      # issue 4: sampler / FP32 log-probs, critic and remat steps
+#   bash scripts/gpu_session.sh loop        # issues 5-6: bridge share of a real evaluation, agent episodes/hour
+#
+# On the device machine first (it has no pyzmq; see ../shared/tools/device-wheels.sh):
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+#   export PYTHONPATH=/tmp/site:$PWD
+set -u
+OUT="${OUT:-/tmp/gpu_session_out}"
+mkdir -p "$OUT"
+export OUT PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+export PYTHONPATH="${PYTHONPATH:-}:$PWD"
+PY="${PYTHON:-python3}"
+
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name (limit ${limit}s) $(date +%T)"
+  timeout --signal=TERM --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  echo "=== $name: exit ${PIPESTATUS[0]} $(date +%T)"
+}
+
+case "${1:-}" in
+  evaluator)
+    step check_hardening 200 "$PY" scripts/check_hardening_gpu.py
+    step bench_evaluator 320 "$PY" scripts/bench_evaluator_gpu.py --fast-build --budget-s 300
+    ;;
+  speed)
+    step bench_eval_speed 540 "$PY" scripts/bench_eval_speed.py --budget-s 500
+    ;;
+  policy)
+    step policy_inference 300 "$PY" scripts/bench_policy_inference.py
+    step policy_train 240 "$PY" scripts/bench_policy_train.py --budget-s 220
+    ;;
+  loop)
+    step bench_bridge 170 "$PY" scripts/bench_bridge.py --skip-noop --skip-requeue \
+      --real-task examples/tasks/row_softmax.py --real-solution examples/solutions/cuda/row_softmax --backend cuda
+    step bench_agent 360 "$PY" scripts/bench_agent.py --backend cuda --concurrency 6 --compile-workers 6
+    ;;
+  *)
+    echo "usage: bash scripts/gpu_session.sh evaluator|speed|policy|loop" >&2
+    exit 2
+    ;;
+esac
