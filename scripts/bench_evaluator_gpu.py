@@ -39,23 +39,15 @@ def do_bench_child(task_path: str, solution_dir: str, so_path: str, out_path: st
     import torch
     import triton.testing
 
-    from evaluator_cuda.child_candidate import load_extension_module
-    from evaluator_cuda.tasks import exec_task
-
-    namespace = exec_task(Path(task_path).stem, Path(task_path).read_text())
+    from _bench_common import load_model_new, load_task
     from evaluator_cuda.settings import cache_root
 
-    load_extension_module(so_path, str(cache_root() / "fastbuild"))  # CUDA_AGENT_CACHE is set by the parent
-    sys.path.insert(0, solution_dir)
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("model_new", str(Path(solution_dir) / "model_new.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    namespace = load_task(task_path)
+    model_new = load_model_new(solution_dir, so_path, str(cache_root() / "fastbuild"))  # CUDA_AGENT_CACHE is set by the parent
     torch.manual_seed(0)
     init = namespace["get_init_inputs"]()
     model = namespace["Model"](*init).eval().cuda()
-    candidate = module.ModelNew(*init).eval().cuda()
+    candidate = model_new(*init).eval().cuda()
     candidate.load_state_dict(model.state_dict())
     inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in namespace["get_inputs"]()]
     compiled = torch.compile(model)
