@@ -83,7 +83,7 @@ class CandidateRole:
         self.flush = None
         self.extension_calls = [0]
         self.require_extension = False
-        self.stored: dict = {}  # input-set id -> (device values, values as received)
+        self.stored: dict = {}  # id -> (device values, values as received) of sets that later calls reuse
         self.l2_resets = 0  # calls before which the driver demoted persisting L2 lines (CUDA)
 
     def do_load(self, req: dict) -> dict:
@@ -144,22 +144,14 @@ class CandidateRole:
         self.threads_at_start = {t.ident for t in threading.enumerate()}
         return {}
 
-    def do_store(self, req: dict) -> dict:
-        """Keep input sets on the device under the parent's opaque ids, so that a set used by
-        several calls crosses the channel once. Check and timed sets arrive alike, shuffled."""
-        from .child_reference import to_device
-
-        for entry in req["sets"]:
-            values = list(entry["inputs"])
-            self.stored[str(entry["id"])] = (to_device(values, self.device), values)
-        return {"stored": len(self.stored)}
-
     def do_call(self, req: dict) -> dict:
         """One call of the candidate: every call (checked or timed) takes exactly this path.
 
-        Fresh device copies of an input set (sent with the call, or stored earlier under an
-        id), poisoned allocator blocks, L2 flushed, torch compute refused, timed, synchronised;
-        the output is copied out at once and the inputs compared with pristine copies.
+        Fresh device copies of an input set (sent with the call, or kept from an earlier call
+        under an id), poisoned allocator blocks, L2 flushed, torch compute refused, timed,
+        synchronised; the output is copied out at once and the inputs compared with pristine
+        copies. A set arrives with its first call, never earlier: no future input is ever in
+        this process (a candidate cannot do the work of later calls ahead, hacks.md #10).
         """
         import threading
 
@@ -173,11 +165,13 @@ class CandidateRole:
             raise HandlerError("internal", "call before prepare")
         if "set" in req:
             if str(req["set"]) not in self.stored:
-                raise HandlerError("internal", f"no stored input set {req['set']!r}")
+                raise HandlerError("internal", f"no kept input set {req['set']!r}")
             on_device, values = self.stored[str(req["set"])]
         else:
             values = list(req["inputs"])
             on_device = to_device(values, self.device)
+            if req.get("keep_as"):  # the parent will name this set again in a later call
+                self.stored[str(req["keep_as"])] = (on_device, values)
         pristine = [a if isinstance(a, torch.Tensor) else None for a in on_device]
         args = [a.clone() if a is not None else v for a, v in zip(pristine, values)]  # the candidate gets clones only
         poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)

@@ -257,18 +257,24 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         rng.shuffle(schedule)
         timed_positions = [k for k, (kind, _) in enumerate(schedule) if kind == "timed"]
         sampled = set(rng.sample(timed_positions, min(settings.timed_checks, len(timed_positions))))
-        # Every distinct input set crosses the channel once, before the first call, under an
-        # opaque random id, check and timed sets shuffled together; calls name a set by its id.
-        set_ids = {key: secrets.token_hex(8) for key in dict.fromkeys(schedule)}
-        for chunk in _store_chunks(rng, [(set_ids[key], ref["inputs"][key[1]] if key[0] == "check" else timed_inputs[key[1]]) for key in set_ids]):
-            stored = _reply(candidate, {"cmd": "store", "sets": chunk}, settings.child_timeout_s, harness=False)
-            if not stored.get("ok"):
-                _fail_from_candidate(stored)
+        # A set crosses the channel with its first call, never ahead (no future input is in
+        # the candidate's process); one that later calls reuse (rotating timed sets) is kept
+        # there under an opaque id and named, not sent again. When any set is reused, every set
+        # is kept, check sets too, so that first calls all look alike.
+        keep_sets = len(set(schedule)) < len(schedule)
+        kept: dict = {}
         outputs: dict[int, tuple] = {}
         times, walls = [], []
         for position, (kind, index) in enumerate(schedule):
             meta: list = []
-            reply = _reply(candidate, {"cmd": "call", "set": set_ids[(kind, index)], "poison": position % 2, "l2_flush_bytes": settings.l2_flush_bytes}, settings.child_timeout_s, harness=False, tensor_meta=meta)
+            message = {"cmd": "call", "poison": position % 2, "l2_flush_bytes": settings.l2_flush_bytes}
+            if (kind, index) in kept:
+                message["set"] = kept[(kind, index)]
+            else:
+                message["inputs"] = ref["inputs"][index] if kind == "check" else timed_inputs[index]
+                if keep_sets:
+                    kept[(kind, index)] = message["keep_as"] = secrets.token_hex(8)
+            reply = _reply(candidate, message, settings.child_timeout_s, harness=False, tensor_meta=meta)
             if not reply.get("ok"):
                 _fail_from_candidate(reply)
             if kind == "check" or position in sampled:
@@ -332,26 +338,6 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         record["wall_s"]["profile"] = round(time.perf_counter() - verify_begin - record["wall_s"]["verify"], 4)
         _record_speed_of_light(record, set_bytes + _nbytes(expected_at[check_positions[0]]) if check_positions else set_bytes, settings)
     finish(record, "correct")
-
-
-STORE_CHUNK_BYTES = 512 * 1024**2  # input sets per `store` message (bounds the channel's buffers)
-
-
-def _store_chunks(rng, sets: list[tuple[str, list]]) -> list[list[dict]]:
-    """The (id, inputs) sets in a random order, grouped into messages of about STORE_CHUNK_BYTES."""
-    order = list(sets)
-    rng.shuffle(order)
-    chunks, chunk, size = [], [], 0
-    for set_id, inputs in order:
-        n = _nbytes(inputs)
-        if chunk and size + n > STORE_CHUNK_BYTES:
-            chunks.append(chunk)
-            chunk, size = [], 0
-        chunk.append({"id": set_id, "inputs": inputs})
-        size += n
-    if chunk:
-        chunks.append(chunk)
-    return chunks
 
 
 def _reject(reason: str, message: str) -> None:

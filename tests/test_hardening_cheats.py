@@ -266,6 +266,48 @@ def test_11_checks_and_timed_calls_look_the_same_to_the_candidate(build_cache):
     assert record["checked_calls"]["calls"] == 12
 
 
+def _candidate_messages(monkeypatch) -> list:
+    """Record every message the verdict process sends to a candidate child."""
+    from evaluator_cuda import sandbox
+
+    sent, submit = [], sandbox.Child.submit
+
+    def recording(self, message):
+        if self.role == "candidate":
+            sent.append(dict(message))
+        return submit(self, message)
+
+    monkeypatch.setattr(sandbox.Child, "submit", recording)
+    return sent
+
+
+@pytest.mark.parametrize("fresh_input_bytes", [1024**3, 4096 * 4 * 2 * 3], ids=["fresh_per_call", "rotating_3_sets"])
+def test_10_no_input_set_reaches_the_candidate_before_its_call(build_cache, monkeypatch, fresh_input_bytes):
+    """Batch-and-skip needs later calls' inputs ahead of time: no message carries more than the
+    set of its own call, and nothing but calls carries inputs. Sets reused by rotation are kept
+    under an id then (every set alike, check sets too) and named, not sent again."""
+    sent = _candidate_messages(monkeypatch)
+    record = evaluate(AXPY_TASK, workspace(), host(build_cache, profile=True, fresh_input_bytes=fresh_input_bytes))
+    assert record["status"] == "correct", record["message"]
+    calls = [m for m in sent if m["cmd"] == "call"]
+    assert [m["cmd"] for m in sent if m["cmd"] != "call"] == ["load", "prepare"] and len(calls) == record["checked_calls"]["calls"]
+    assert all(("inputs" in m) != ("set" in m) for m in calls)
+    first_uses = [m for m in calls if "inputs" in m]
+    if record["fresh_inputs_per_call"]:
+        assert len(first_uses) == len(calls) and not any("keep_as" in m for m in calls)
+    else:
+        assert len(first_uses) == 5 + 3  # the check sets and three rotating timed sets, each sent once
+        assert all("keep_as" in m for m in first_uses)
+        named = [m["set"] for m in calls if "set" in m]
+        kept_before = set()
+        for m in calls:  # a set is named only after the call that brought it
+            if "set" in m:
+                assert m["set"] in kept_before
+            else:
+                kept_before.add(m["keep_as"])
+        assert named and set(named) <= kept_before
+
+
 # --- 13: predictable seeds -------------------------------------------------------------------
 
 
