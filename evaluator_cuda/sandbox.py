@@ -3,8 +3,10 @@
 A child is `python -m evaluator_cuda.child <role>` in its own session (process group), with
 resource limits, its stdout/stderr going to a log file that is never parsed for a verdict,
 and one end of a socket pair the parent owns as its only channel (see wire.py). On timeout
-the whole process group is killed. Issue 3 (hardening) tightens this file: namespaces,
-seccomp, read-only mounts, no network.
+the whole process group is killed. An untrusted child also gets rlimits (memory, processes,
+CPU time, file size, open files) and, where `unshare` works, its own network namespace
+(protections() records what applied). EvaluationSlot / StandbySlots start an evaluation's two
+children ahead of their work, warming (torch imported, CUDA context made).
 """
 
 from __future__ import annotations
