@@ -149,3 +149,51 @@ def test_guard_off_is_a_no_op():
     x = torch.randn(3)
     with refuse_torch_compute(enabled=False):
         assert torch.allclose(F.relu(x), x.clamp(min=0))
+
+
+class _FakeEvent:
+    """Stands in for torch.cuda.Event on a machine without a GPU: 'records' wall-clock nanoseconds."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+
+        self.t = time.perf_counter_ns()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) / 1e6  # milliseconds, as CUDA events report
+
+
+def test_cuda_timing_functions_are_bound_before_candidate_code_and_patching_them_changes_nothing(monkeypatch):
+    """bind_cuda_timing() (run by the candidate child before it imports candidate code) keeps the
+    event/synchronize functions it found; a candidate that later rebinds torch.cuda's does not
+    change the harness's times (hacks.md #7). Fakes stand in for CUDA here."""
+    import time
+
+    from evaluator_cuda import profile
+
+    synced = []
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(1))
+    monkeypatch.setattr(profile, "_cuda_timing", None)
+    monkeypatch.setattr(profile, "_reset_persisting_l2", None)
+    profile.bind_cuda_timing()
+    # the candidate's patches, after the binding
+    monkeypatch.setattr(_FakeEvent, "elapsed_time", lambda self, end: 1e-6)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    output, time_us, wall_us = profile.time_one_call(lambda: time.sleep(0.02) or "out", "cuda")
+    assert output == "out" and synced == [1]
+    assert 15_000 < time_us <= wall_us  # the bound elapsed_time measured the 20 ms sleep, not the patched 1 ns
+
+
+def test_persisting_l2_reset_reports_what_the_driver_did(monkeypatch):
+    from evaluator_cuda import profile
+
+    monkeypatch.setattr(profile, "_reset_persisting_l2", None)
+    assert profile.reset_persisting_l2() is False  # no driver (this machine)
+    monkeypatch.setattr(profile, "_reset_persisting_l2", lambda: 0)
+    assert profile.reset_persisting_l2() is True  # CUDA_SUCCESS
+    monkeypatch.setattr(profile, "_reset_persisting_l2", lambda: 801)
+    assert profile.reset_persisting_l2() is False  # CUDA_ERROR_NOT_SUPPORTED
