@@ -197,3 +197,21 @@ def test_persisting_l2_reset_reports_what_the_driver_did(monkeypatch):
     assert profile.reset_persisting_l2() is True  # CUDA_SUCCESS
     monkeypatch.setattr(profile, "_reset_persisting_l2", lambda: 801)
     assert profile.reset_persisting_l2() is False  # CUDA_ERROR_NOT_SUPPORTED
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch.device('cuda') cannot make tensors")
+def test_reference_inputs_fall_back_to_the_host_when_the_device_cannot_make_them():
+    """On a GPU the reference child runs get_inputs() under torch.device('cuda'); when that fails
+    (here: no GPU at all) it makes the sets on the host, as the task wrote them, from the same seed."""
+    from evaluator_cuda.child_reference import ReferenceRole
+    from evaluator_cuda.tasks import exec_task
+
+    source = "import torch\ndef get_inputs():\n    return [torch.randn(64), 3]\ndef get_init_inputs():\n    return []\nclass Model(torch.nn.Module):\n    def forward(self, x, k):\n        return x * k\n"
+    role = ReferenceRole()
+    role.task_name, role.device, role.namespace = "t", "cuda", exec_task("t", source)
+    first = role._inputs_from_seed(123)
+    assert role.generate_on_device is False  # the device attempt failed once: host from now on
+    torch.manual_seed(123)
+    expected = torch.randn(64)
+    assert torch.equal(first[0], expected) and first[1] == 3
+    assert torch.equal(role._inputs_from_seed(123)[0], expected)
