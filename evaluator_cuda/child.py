@@ -14,7 +14,7 @@ import sys
 import traceback
 
 from . import wire
-from .sandbox import CHANNEL_FD_ENV, LIMITS_ENV, WARM_ENV, limit_resources, warm_up
+from .sandbox import CHANNEL_FD_ENV, LIMITS_ENV, SLOT_DIR_ENV, WARM_ENV, limit_resources, remove_slot_dir, warm_up
 
 
 class HandlerError(Exception):
@@ -56,12 +56,17 @@ def serve(role: str) -> None:
     os.environ.pop(CHANNEL_FD_ENV, None)
     handler = _handlers(role)
     warm = os.environ.pop(WARM_ENV, "")
+    slot_dir = os.environ.pop(SLOT_DIR_ENV, "")  # set for the reference child of an evaluation slot
     if warm:  # started ahead of its evaluation: pay for torch and the CUDA context now, before any request
         warm_up(warm)
     while True:
         try:
             request = wire.recv_message(sock)
         except wire.ChannelClosed:
+            # The parent kills its children before it closes their channels, so a closed channel
+            # means the parent died (a hung worker killed, say): leave no working folder behind.
+            if slot_dir:
+                remove_slot_dir(slot_dir)
             return
         cmd = request.get("cmd") if isinstance(request, dict) else None
         if cmd == "exit":

@@ -272,6 +272,23 @@ def child_guard(settings) -> dict:
 # evaluations: a slot is handed out once, and closed (whole process groups killed) after use.
 
 WARM_ENV = "CUDA_AGENT_CHILD_WARM"
+SLOT_DIR_ENV = "CUDA_AGENT_SLOT_DIR"
+SLOT_PREFIX = "cuda-agent-eval-"
+
+
+def remove_slot_dir(path: str | Path) -> None:
+    """Remove an evaluation slot's folder, read-only solution copy included (only a folder
+    named like one: a stray environment variable cannot aim this elsewhere)."""
+    folder = Path(path)
+    if not folder.name.startswith(SLOT_PREFIX) or not folder.is_dir():
+        return
+    for sub in folder.rglob("*"):
+        if sub.is_dir() and not sub.is_symlink():
+            try:
+                sub.chmod(0o755)
+            except OSError:
+                pass
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def warm_up(device_type: str) -> None:
@@ -301,12 +318,12 @@ class EvaluationSlot:
     def __init__(self, env: dict[str, str], guard: dict, device_type: str):
         self.key = _slot_key(env, guard)
         self.env, self.guard, self.device_type = dict(env), dict(guard), device_type
-        self.workdir = Path(tempfile.mkdtemp(prefix="cuda-agent-eval-"))
+        self.workdir = Path(tempfile.mkdtemp(prefix=SLOT_PREFIX))
         (self.workdir / "solution").mkdir()
         self.started_at = time.monotonic()
         self.used = False  # set once a request reached either child: from then on, never reused
         warm_env = {**env, WARM_ENV: device_type}
-        self.reference = Child("reference", self.workdir, env=warm_env)
+        self.reference = Child("reference", self.workdir, env={**warm_env, SLOT_DIR_ENV: str(self.workdir)})
         try:
             self.candidate = Child("candidate", self.workdir / "solution", env=warm_env, log_name="../candidate.log", guard=guard)
         except BaseException:
@@ -327,13 +344,7 @@ class EvaluationSlot:
             for child in (self.candidate, self.reference):
                 child.sock.close()
                 child._log.close()
-            for path in self.workdir.rglob("*"):
-                if path.is_dir():
-                    try:
-                        path.chmod(0o755)
-                    except OSError:
-                        pass
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            remove_slot_dir(self.workdir)
 
 
 class StandbySlots:

@@ -150,3 +150,38 @@ def test_without_keep_warm_no_child_outlives_its_evaluation(build_cache):
     assert record["status"] == "correct"
     assert evaluation._STANDBY._standby is None
     assert evaluation.standby_counters()["misses"] == before["misses"] + 1
+
+
+def test_a_dead_parent_leaves_no_children_and_no_folder(tmp_path):
+    """The evaluating process killed outright (a hung worker's child, say) while a slot warms:
+    the children see their channels close, exit, and the slot's folder is removed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, time\n"
+        "from evaluator_cuda.build import build_env\n"
+        "from evaluator_cuda.sandbox import StandbySlots, child_guard\n"
+        "from evaluator_cuda.settings import EvalSettings\n"
+        f"settings = EvalSettings.for_backend('host', cache_dir={str(tmp_path / 'cache')!r})\n"
+        "slots = StandbySlots()\n"
+        "slots.refill(build_env(settings), child_guard(settings), 'cpu')\n"
+        "s = slots._standby\n"
+        "print(s.workdir, s.reference.proc.pid, s.candidate.proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        workdir, ref_pid, cand_pid = parent.stdout.readline().split()
+        assert Path(workdir).is_dir()
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+    assert _gone(int(ref_pid), timeout=60) and _gone(int(cand_pid), timeout=60)
+    deadline = time.monotonic() + 30
+    while Path(workdir).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(workdir).exists()
