@@ -22,21 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-STREAM_KERNEL = """#include <cuda_runtime.h>
-#include <cstdint>
-extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream) {
-  cudaStream_t side; cudaStreamCreate(&side);
-  (void)side; (void)x; (void)y; (void)out; (void)a; (void)n; (void)config; (void)stream;
-}
-"""
-L2_KERNEL = """#include <cuda_runtime.h>
-#include <cstdint>
-extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream) {
-  cudaStreamAttrValue attr = {};
-  attr.accessPolicyWindow.base_ptr = (void*)x;
-  cudaStreamSetAttribute((cudaStream_t)stream, cudaStreamAttributeAccessPolicyWindow, &attr);
-}
-"""
 CRASH_KERNEL = """#include <cuda_runtime.h>
 #include <cstdint>
 __global__ void bad(float* out) { out[1ll << 40] = 1.0f; }
@@ -52,7 +37,7 @@ def main() -> int:
     from evaluator_cuda.settings import EvalSettings
     from evaluator_cuda.solutions import Solution, discover_solutions, read_solution
     from evaluator_cuda.tasks import load_tasks
-    from evaluator_helpers import AXPY_TASK, workspace
+    from evaluator_helpers import AXPY_TASK, L2_KERNEL, STREAM_KERNEL, workspace
 
     cache = os.environ.get("CUDA_AGENT_CACHE") or tempfile.mkdtemp(prefix="hardening-gpu-")
     settings = EvalSettings.for_backend("cuda", cache_dir=cache)

@@ -127,3 +127,22 @@ class ModelNew(torch.nn.Module):
 def kernel_with(body: str) -> str:
     """A host axpy kernel file whose loop body is `body` (variables: x, y, out, a, n, i)."""
     return KERNEL.replace("for (int64_t i = 0; i < n; ++i) out[i] = a * x[i] OP y[i];", body)
+
+
+# CUDA forms of hacks.md #4 and #19 (a side stream; an L2 persistence window), shared by the
+# cheat tests and scripts/check_hardening_gpu.py.
+STREAM_KERNEL = """#include <cuda_runtime.h>
+#include <cstdint>
+extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream) {
+  cudaStream_t side; cudaStreamCreate(&side);
+  (void)side; (void)x; (void)y; (void)out; (void)a; (void)n; (void)config; (void)stream;
+}
+"""
+L2_KERNEL = """#include <cuda_runtime.h>
+#include <cstdint>
+extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream) {
+  cudaStreamAttrValue attr = {};
+  attr.accessPolicyWindow.base_ptr = (void*)x;
+  cudaStreamSetAttribute((cudaStream_t)stream, cudaStreamAttributeAccessPolicyWindow, &attr);
+}
+"""

@@ -14,7 +14,7 @@ from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.sandbox import network_namespace_prefix
 from evaluator_cuda.solutions import Solution, reference_solution
 from evaluator_cuda.tasks import Task
-from evaluator_helpers import AXPY_TASK, build_cache, host, kernel_with, kernelbench, model_new_with, workspace  # noqa: F401
+from evaluator_helpers import AXPY_TASK, L2_KERNEL, STREAM_KERNEL, build_cache, host, kernel_with, kernelbench, model_new_with, workspace  # noqa: F401
 
 HONEST_CALL = "return cuda_extension.axpy_forward(x, y, float(self.alpha))"
 
@@ -97,21 +97,6 @@ def test_3_mutating_an_input_is_rejected(build_cache):
 
 
 # --- 4, 19: side streams, persisting L2 (static; CUDA forms) ----------------------------------
-
-STREAM_KERNEL = """#include <cuda_runtime.h>
-extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream) {
-  cudaStream_t side; cudaStreamCreate(&side);
-  (void)side; (void)x; (void)y; (void)out; (void)a; (void)n; (void)config; (void)stream;
-}
-"""
-L2_KERNEL = """#include <cuda_runtime.h>
-extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream) {
-  cudaStreamAttrValue attr = {};
-  attr.accessPolicyWindow.base_ptr = (void*)x;
-  cudaStreamSetAttribute((cudaStream_t)stream, cudaStreamAttributeAccessPolicyWindow, &attr);
-}
-"""
-
 
 @pytest.mark.parametrize("kernel,reason", [(STREAM_KERNEL, "side_stream"), (L2_KERNEL, "persisting_l2")])
 def test_4_19_side_streams_and_l2_persistence_are_rejected_before_building(tmp_path, kernel, reason):
