@@ -17,6 +17,7 @@ from pathlib import Path
 from . import profile as _profile  # noqa: F401  (binds the harness clock before candidate code loads)
 from .child import HandlerError, one_line
 from .tasks import TaskError, exec_task
+from .wire import describe_tensors
 
 BUILD_ERROR_MARKER = "Error building extension"
 
@@ -200,9 +201,10 @@ class CandidateRole:
         mutated = [i for i, (a, p) in enumerate(zip(args, pristine)) if p is not None and not _same_tensor(a, p)]
         if mutated:
             raise HandlerError("mutated_inputs", f"forward modified its input(s) {mutated}")
+        described = describe_tensors(out)  # class and device as forward returned them, before the host copy
         copied = _copy_out(out)
         self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]  # output-sized blocks: where empty_like lands
-        return {"output": copied, "time_us": time_us, "wall_us": wall_us, "l2_resets": self.l2_resets}
+        return {"output": copied, "output_meta": described, "time_us": time_us, "wall_us": wall_us, "l2_resets": self.l2_resets}
 
 
 def _same_tensor(a, b) -> bool:

@@ -266,7 +266,6 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         outputs: dict[int, tuple] = {}
         times, walls = [], []
         for position, (kind, index) in enumerate(schedule):
-            meta: list = []
             message = {"cmd": "call", "poison": position % 2, "l2_flush_bytes": settings.l2_flush_bytes}
             if (kind, index) in kept:
                 message["set"] = kept[(kind, index)]
@@ -274,11 +273,13 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
                 message["inputs"] = ref["inputs"][index] if kind == "check" else timed_inputs[index]
                 if keep_sets:
                     kept[(kind, index)] = message["keep_as"] = secrets.token_hex(8)
-            reply = _reply(candidate, message, settings.child_timeout_s, harness=False, tensor_meta=meta)
+            reply = _reply(candidate, message, settings.child_timeout_s, harness=False)
             if not reply.get("ok"):
                 _fail_from_candidate(reply)
             if kind == "check" or position in sampled:
-                outputs[position] = (reply.get("output"), meta)
+                # The candidate's description of its output (class, device) is taken before the
+                # output is copied to the host; the wire's own metadata describes that copy.
+                outputs[position] = (reply.get("output"), _output_meta(reply))
             if position >= settings.warmup:
                 times.append(reply.get("time_us"))
                 walls.append(reply.get("wall_us"))
@@ -338,6 +339,14 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         record["wall_s"]["profile"] = round(time.perf_counter() - verify_begin - record["wall_s"]["verify"], 4)
         _record_speed_of_light(record, set_bytes + _nbytes(expected_at[check_positions[0]]) if check_positions else set_bytes, settings)
     finish(record, "correct")
+
+
+def _output_meta(reply: dict) -> list:
+    """The candidate child's per-tensor description of its output (a list of dicts)."""
+    meta = reply.get("output_meta")
+    if not isinstance(meta, list) or not all(isinstance(m, dict) for m in meta):
+        raise _Verdict("runtime_error", "the candidate process sent its output without a description of its tensors")
+    return meta
 
 
 def _reject(reason: str, message: str) -> None:

@@ -40,6 +40,24 @@ def _tensor_meta(t, index: int) -> dict:
     }
 
 
+def describe_tensors(value) -> list[dict]:
+    """Class and device of each tensor in a nested value, in the order encode_value visits them.
+
+    A child describes its tensors before copying them out to the host for sending, so that the
+    description is of the tensor the code produced, not of the host copy.
+    """
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        meta = _tensor_meta(value, 0)
+        return [{"cls": meta["cls"], "device": meta["device"]}]
+    if isinstance(value, (list, tuple)):
+        return [m for v in value for m in describe_tensors(v)]
+    if isinstance(value, dict):
+        return [m for v in value.values() for m in describe_tensors(v)]
+    return []
+
+
 def _tensor_bytes(t) -> memoryview:
     """The tensor's bytes without an extra copy (a view of a contiguous CPU copy)."""
     import torch

@@ -2,6 +2,7 @@
 precision and speed-of-light flags, sandbox) and the CUDA-only planted cheats, in one go.
 
     python scripts/check_hardening_gpu.py            # table on stdout
+    python scripts/check_hardening_gpu.py --cheats-only   # the CUDA cheat forms alone (gpu_check.sh)
     OUT=/some/dir python scripts/check_hardening_gpu.py   # also $OUT/hardening_gpu.json
 
 Expected: every example `correct` except `*__wrong` (`incorrect`); `sol_violation` false;
@@ -58,7 +59,7 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
 
     tasks = {t.stem: t for t in load_tasks(ROOT / "examples" / "tasks").tasks}
-    for stem, paths in discover_solutions(ROOT / "examples" / "solutions", "cuda").items():
+    for stem, paths in ({} if "--cheats-only" in sys.argv[1:] else discover_solutions(ROOT / "examples" / "solutions", "cuda")).items():
         for path in paths:
             run(path.name, tasks[stem], read_solution(path), "incorrect" if "__wrong" in path.name else "correct")
     for label, kernel, expect in (("cheat_side_stream", STREAM_KERNEL, "incorrect"), ("cheat_l2_window", L2_KERNEL, "incorrect"), ("illegal_address", CRASH_KERNEL, "runtime_error")):

@@ -2,6 +2,7 @@
 diagnostics and the torch-compute guard."""
 
 import socket
+import threading
 
 import pytest
 import torch
@@ -215,3 +216,32 @@ def test_reference_inputs_fall_back_to_the_host_when_the_device_cannot_make_them
     expected = torch.randn(64)
     assert torch.equal(first[0], expected) and first[1] == 3
     assert torch.equal(role._inputs_from_seed(123)[0], expected)
+
+
+def test_describe_tensors_follows_the_encoding_order_and_reports_the_tensors_own_device():
+    value = {"a": torch.zeros(2, device="meta"), "b": (torch.ones(1), [torch.nn.Parameter(torch.ones(1))]), "c": 3}
+    described = wire.describe_tensors(value)
+    assert described == [{"cls": "Tensor", "device": "meta"}, CPU, {"cls": "Parameter", "device": "cpu"}]
+
+
+def test_candidate_call_describes_its_output_before_the_host_copy(monkeypatch):
+    """The regression behind every honest CUDA kernel judged `incorrect`: the output was copied to
+    the host and then described, so a CUDA output was reported as a CPU one. Here the host copy is
+    made to land on another device (meta); the description must still be the forward's own."""
+    from evaluator_cuda import child_candidate
+    from evaluator_cuda.verify import compare_outputs
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    role = child_candidate.CandidateRole()
+    role.model, role.device, role.block_torch = Double(), "cpu", False
+    role.threads_at_start = {t.ident for t in threading.enumerate()}
+    monkeypatch.setattr(child_candidate, "_copy_out", lambda v: v.to("meta"))
+    reply = role.do_call({"inputs": [torch.arange(4.0)], "poison": 0})
+    assert reply["output"].device.type == "meta"
+    assert reply["output_meta"] == [CPU]
+    monkeypatch.undo()
+    reply = role.do_call({"inputs": [torch.arange(4.0)], "poison": 1})
+    assert compare_outputs(torch.arange(4.0) * 2, reply["output"], reply["output_meta"], "cpu", 1e-2, 1e-2) is None

@@ -1,0 +1,173 @@
+"""The five-minute GPU check of the evaluator: does the CUDA path give the right verdicts?
+
+    bash scripts/gpu_check.sh              # on a CUDA machine; logs and a JSON summary in $OUT
+    python scripts/gpu_check.py --digest   # anywhere: the evaluator digest the check reports
+
+Steps, each with its own time limit, run in this order and printed as they go:
+1. the `cuda`-marked tests;
+2. `cuda-agent bench examples/tasks --solutions examples/solutions --backend cuda`, every
+   verdict checked: each honest solution `correct` with reward >= 1, each `__wrong` one
+   `incorrect` with reward -1;
+3. the CUDA cheat forms (side stream, persisting-L2 window) rejected, an illegal address a
+   `runtime_error`;
+4. the small-output cases: an honest wide softmax `correct` on every seed, zeros, a constant,
+   permuted rows and a rescaled output `incorrect`, a reference that ignores its inputs a
+   `task_error`.
+The last line is `GPU CHECK PASS` or `GPU CHECK FAIL: <what>`. $OUT gets one log per step,
+the bench report and gpu_check.json (what ran, what failed, the evaluator digest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOTAL_LIMIT_S = 285  # the whole check, set-up included, within five minutes
+CUDA_TEST_FILES = ["tests/test_evaluator_examples.py", "tests/test_examples_cuda_build.py", "tests/test_fastbuild.py", "tests/test_hardening_cheats.py"]
+
+
+def evaluator_digest(root: Path = ROOT) -> str:
+    """sha256 over the evaluator's tracked source files (path and bytes, length-prefixed)."""
+    h = hashlib.sha256()
+    for path in sorted((root / "evaluator_cuda").rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts or path.suffix in (".pyc", ".so", ".o"):
+            continue
+        rel = path.relative_to(root).as_posix().encode()
+        data = path.read_bytes()
+        h.update(len(rel).to_bytes(8, "big") + rel + len(data).to_bytes(8, "big") + data)
+    return h.hexdigest()
+
+
+def run_step(name: str, command: list[str], limit_s: float, out: Path, env: dict) -> tuple[int, str]:
+    """Run one step, echoing its lines as they come and keeping them in $OUT/<name>.log."""
+    print(f"=== {name}: {' '.join(command)} (limit {limit_s:.0f} s) {time.strftime('%H:%M:%S')}", flush=True)
+    begin = time.monotonic()
+    log = (out / f"{name}.log").open("w")
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+    lines: list[str] = []
+    timed_out = False
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    while True:
+        left = limit_s - (time.monotonic() - begin)
+        if left <= 0:
+            timed_out = True
+            break
+        if not sel.select(timeout=min(left, 1.0)):
+            if proc.poll() is not None:
+                break
+            continue
+        line = proc.stdout.readline()
+        if not line:
+            break
+        print(f"  {line}", end="", flush=True)
+        log.write(line)
+        lines.append(line)
+    if timed_out:
+        os.killpg(proc.pid, 9)
+        message = f"{name}: cut at its {limit_s:.0f} s limit; last line: {lines[-1].strip() if lines else '(none)'}"
+        print(f"  {message}", flush=True)
+        log.write(message + "\n")
+    rc = proc.wait()
+    log.close()
+    print(f"=== {name}: exit {rc} after {time.monotonic() - begin:.1f} s", flush=True)
+    return (124 if timed_out else rc), "".join(lines[-40:])
+
+
+def bench_verdicts(report_path: Path, solutions: Path) -> list[str]:
+    """Problems with the bench report's verdicts (empty: every one as expected)."""
+    if not report_path.exists():
+        return ["bench wrote no report"]
+    report = json.loads(report_path.read_text())
+    problems = [f"bench task problem: {p}" for p in report.get("task_problems", [])]
+    by_name = {r["candidate"]: r for r in report["records"]}
+    for path in sorted(p for p in (solutions / "cuda").iterdir() if p.is_dir()):
+        record = by_name.get(path.name)
+        if record is None:
+            problems.append(f"{path.name}: not in the report")
+        elif "__wrong" in path.name:
+            if (record["status"], record["reward"]) != ("incorrect", -1):
+                problems.append(f"{path.name}: expected incorrect/-1, got {record['status']}/{record['reward']}: {record['message'][:120]}")
+        elif record["status"] != "correct" or not isinstance(record["reward"], (int, float)) or record["reward"] < 1:
+            problems.append(f"{path.name}: expected correct with reward >= 1, got {record['status']}/{record['reward']}: {record['message'][:120]}")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--digest", action="store_true", help="print the evaluator digest and exit")
+    args = parser.parse_args()
+    digest = evaluator_digest()
+    if args.digest:
+        print(digest)
+        return 0
+    begin = time.monotonic()
+    out = Path(os.environ.get("OUT") or "/tmp/gpu_check_out")
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(os.environ.get("GPU_CHECK_WORK") or "/tmp/gpu_check_work")
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_AGENT_CACHE=str(work / "cache"), PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
+    env.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    summary: dict = {"evaluator_digest": digest, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "steps": {}, "failures": []}
+    print(f"gpu check: evaluator digest {digest}", flush=True)
+
+    def left() -> float:
+        return TOTAL_LIMIT_S - (time.monotonic() - begin)
+
+    def step(name: str, command: list[str], share_s: float) -> tuple[int, str]:
+        limit = max(5.0, min(share_s, left() - 5))
+        rc, tail = run_step(name, command, limit, out, dict(env, OUT=str(work)))  # a step's own files stay out of $OUT
+        summary["steps"][name] = {"rc": rc, "seconds": round(time.monotonic() - step_begin[0], 1)}
+        return rc, tail
+
+    step_begin = [time.monotonic()]
+    rc, _ = step("environment", [sys.executable, "-c", "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"], 60)
+    if rc != 0:
+        summary["failures"].append("no usable CUDA device (see environment.log)")
+        return finish(summary, out)
+
+    step_begin[0] = time.monotonic()
+    rc, tail = step("cuda_tests", [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "-x", *CUDA_TEST_FILES], 130)
+    if rc != 0:
+        summary["failures"].append("cuda tests: " + next((l.strip() for l in reversed(tail.splitlines()) if l.strip()), f"exit {rc}"))
+
+    step_begin[0] = time.monotonic()
+    report_dir = work / "bench"
+    rc, _ = step("bench", [sys.executable, "-m", "cuda_agent.cli", "bench", "examples/tasks", "--solutions", "examples/solutions", "--backend", "cuda", "--out", str(report_dir)], 110)
+    problems = bench_verdicts(report_dir / "report.json", ROOT / "examples" / "solutions")
+    if (report_dir / "report.json").exists():
+        (out / "bench_report.json").write_bytes((report_dir / "report.json").read_bytes())
+    summary["bench_problems"] = problems
+    if rc != 0 and not problems:
+        problems = [f"bench exited {rc}"]
+    summary["failures"] += [f"bench: {p}" for p in problems]
+
+    step_begin[0] = time.monotonic()
+    rc, _ = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 60)
+    if rc != 0:
+        summary["failures"].append(f"cheat forms: exit {rc} (see cheats.log)")
+    return finish(summary, out)
+
+
+def finish(summary: dict, out: Path) -> int:
+    summary["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    summary["passed"] = not summary["failures"]
+    (out / "gpu_check.json").write_text(json.dumps(summary, indent=1))
+    if summary["passed"]:
+        print("GPU CHECK PASS", flush=True)
+        return 0
+    print("GPU CHECK FAIL: " + "; ".join(summary["failures"])[:600], flush=True)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
