@@ -52,6 +52,14 @@ def plan_candidates(tasks, solutions_dir: Path | None, backend: str) -> list[tup
     return plan
 
 
+def _one_line_result(done: int, total: int, record: dict) -> str:
+    """What a finished evaluation printed as it ends (logs and pipes see progress too)."""
+    speedup = record.get("speedup", {}).get("eager")
+    extra = f", {speedup:.2f}x eager" if isinstance(speedup, (int, float)) else ""
+    message = f": {record['message'][:100]}" if record["status"] != "correct" and record.get("message") else ""
+    return f"[{done}/{total}] {record['candidate']}: {record['status']}, reward {record['reward']}{extra} ({record['wall_s']['total']:.1f} s){message}"
+
+
 def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings: EvalSettings, out_dir: Path, console=None) -> BenchResult:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -99,6 +107,7 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
                 progress.console.print(f"[red]{line}[/red]", highlight=False)
                 continue
             records.append(record)
+            progress.console.print(_one_line_result(len(records) + len(bad_tasks), len(plan), record), highlight=False)
             if is_main:
                 main_records.append(record)
     metrics = bench_metrics(main_records)

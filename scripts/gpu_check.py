@@ -20,6 +20,7 @@ the bench report and gpu_check.json (what ran, what failed, the evaluator digest
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -50,13 +51,16 @@ def run_step(name: str, command: list[str], limit_s: float, out: Path, env: dict
     print(f"=== {name}: {' '.join(command)} (limit {limit_s:.0f} s) {time.strftime('%H:%M:%S')}", flush=True)
     begin = time.monotonic()
     log = (out / f"{name}.log").open("w")
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     lines: list[str] = []
+    pending = b""
     timed_out = False
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
     import selectors
 
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
+    sel.register(fd, selectors.EVENT_READ)
     while True:
         left = limit_s - (time.monotonic() - begin)
         if left <= 0:
@@ -66,14 +70,28 @@ def run_step(name: str, command: list[str], limit_s: float, out: Path, env: dict
             if proc.poll() is not None:
                 break
             continue
-        line = proc.stdout.readline()
-        if not line:
+        chunk = os.read(fd, 65536)
+        if not chunk:
             break
-        print(f"  {line}", end="", flush=True)
-        log.write(line)
-        lines.append(line)
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for raw in complete:
+            line = raw.decode(errors="replace").rstrip("\r") + "\n"
+            print(f"  {line}", end="", flush=True)
+            log.write(line)
+            lines.append(line)
+    if pending:
+        lines.append(pending.decode(errors="replace") + "\n")
+        log.write(lines[-1])
+        print(f"  {lines[-1]}", end="", flush=True)
+    if not timed_out:  # output closed: the step ends on its own, or is cut at its limit
+        try:
+            proc.wait(timeout=max(0.1, limit_s - (time.monotonic() - begin)))
+        except subprocess.TimeoutExpired:
+            timed_out = True
     if timed_out:
-        os.killpg(proc.pid, 9)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
         message = f"{name}: cut at its {limit_s:.0f} s limit; last line: {lines[-1].strip() if lines else '(none)'}"
         print(f"  {message}", flush=True)
         log.write(message + "\n")
@@ -136,13 +154,8 @@ def main() -> int:
         return finish(summary, out)
 
     step_begin[0] = time.monotonic()
-    rc, tail = step("cuda_tests", [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "-x", *CUDA_TEST_FILES], 130)
-    if rc != 0:
-        summary["failures"].append("cuda tests: " + next((l.strip() for l in reversed(tail.splitlines()) if l.strip()), f"exit {rc}"))
-
-    step_begin[0] = time.monotonic()
     report_dir = work / "bench"
-    rc, _ = step("bench", [sys.executable, "-m", "cuda_agent.cli", "bench", "examples/tasks", "--solutions", "examples/solutions", "--backend", "cuda", "--out", str(report_dir)], 110)
+    rc, _ = step("bench", [sys.executable, "-m", "cuda_agent.cli", "bench", "examples/tasks", "--solutions", "examples/solutions", "--backend", "cuda", "--out", str(report_dir)], 120)  # first: it also builds the shared fast-build runtime
     problems = bench_verdicts(report_dir / "report.json", ROOT / "examples" / "solutions")
     if (report_dir / "report.json").exists():
         (out / "bench_report.json").write_bytes((report_dir / "report.json").read_bytes())
@@ -152,7 +165,12 @@ def main() -> int:
     summary["failures"] += [f"bench: {p}" for p in problems]
 
     step_begin[0] = time.monotonic()
-    rc, _ = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 60)
+    rc, tail = step("cuda_tests", [sys.executable, "-m", "pytest", "-v", "-m", "cuda", "-p", "no:cacheprovider", "--tb=short", "--timeout=100", "-n", "4", *CUDA_TEST_FILES], 110)
+    if rc != 0:
+        summary["failures"].append("cuda tests: " + next((l.strip() for l in reversed(tail.splitlines()) if l.strip()), f"exit {rc}"))
+
+    step_begin[0] = time.monotonic()
+    rc, _ = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 40)
     if rc != 0:
         summary["failures"].append(f"cheat forms: exit {rc} (see cheats.log)")
     return finish(summary, out)

@@ -141,27 +141,3 @@ def _skill_binding(tmp_path: Path) -> list[Path]:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
-
-
-def _evaluate_cuda_solution(solution: Path) -> dict:
-    from evaluator_cuda.service import evaluate_job
-
-    stem = solution.name.split("__")[0]
-    task = REPO / "examples" / "tasks" / f"{stem}.py"
-    files = {str(p.relative_to(solution)): p.read_bytes() for p in sorted(solution.rglob("*")) if p.is_file()}
-    return evaluate_job({
-        "task": {"name": stem, "source": task.read_text()},
-        "solution": {"format": "workspace", "files": files},
-        "settings": {"backend": "cuda", "profile": False},
-    })
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("solution", sorted(p for p in CUDA_SOLUTIONS.iterdir() if p.is_dir()), ids=lambda p: p.name)
-def test_cuda_solution_verdict_on_the_gpu(solution):
-    """On a GPU: honest solutions are `correct`, the __wrong ones `incorrect` with reward -1."""
-    record = _evaluate_cuda_solution(solution)
-    if "__" in solution.name:
-        assert (record["status"], record["reward"]) == ("incorrect", -1), record["message"]
-    else:
-        assert record["status"] == "correct", (record["status"], record["message"], record["diagnostics"][:3])
