@@ -107,7 +107,7 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
                 progress.console.print(f"[red]{line}[/red]", highlight=False)
                 continue
             records.append(record)
-            progress.console.print(_one_line_result(len(records) + len(bad_tasks), len(plan), record), highlight=False)
+            progress.console.print(_one_line_result(len(records) + len(bad_tasks), len(plan), record), highlight=False, markup=False)
             if is_main:
                 main_records.append(record)
     metrics = bench_metrics(main_records)

@@ -29,7 +29,7 @@ from .solutions import Solution
 from .tasks import Task, degenerate_reason
 from .profile import summarize_times
 from .static_checks import check_solution_sources
-from .verify import compare_outputs, outputs_ignore_inputs, precision_bound, relative_error, scale_problem
+from .verify import compare_outputs, criterion_of, outputs_ignore_inputs, precision_bound, relative_error, scale_problem, tolerances
 
 
 class _Verdict(Exception):
@@ -299,6 +299,8 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         expected_at = {k: ref["outputs"][schedule[k][1]] for k in check_positions}
         expected_at.update(zip(timed_checked, expected_timed))
         worst_error = None
+        if check_positions:
+            record["tolerance"] = tolerances(expected_at[check_positions[0]], settings.atol, settings.rtol, settings.norm_rtol)
         for k in check_positions + timed_checked:
             actual, meta = outputs[k]
             problem = compare_outputs(expected_at[k], actual, meta, device, settings.atol, settings.rtol)
@@ -306,9 +308,11 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
             problem = problem or scale_problem(err, settings.norm_rtol)
             if problem:
                 what = f"input set {schedule[k][1]}" if schedule[k][0] == "check" else "output of a timed call"
+                record["failed_criterion"] = criterion_of(problem)
                 raise _Verdict("incorrect", f"{what}: {problem}")
             worst_error = err if worst_error is None or (err is not None and err > worst_error) else worst_error
         if outputs_ignore_inputs([expected_at[k] for k in check_positions], [outputs[k][0] for k in check_positions]):
+            record["failed_criterion"] = "constant_output"
             _reject("constant_output", "the output does not change when the inputs change")
         record["checked_calls"] = {"checks": len(check_positions), "timed": len(timed_checked), "calls": len(schedule)}
         _record_precision(record, expected_at[check_positions[0]] if check_positions else None, worst_error, settings)

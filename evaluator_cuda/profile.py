@@ -23,6 +23,12 @@ _clock_ns = time.perf_counter_ns
 _cuda_timing: tuple | None = None
 _reset_persisting_l2 = None
 
+# GPU cycles of a busy-wait queued just before each start event (about 0.5 ms at the H200's
+# ~2 GHz): the host reaches the launch while the GPU still spins, so the host-side cost of the
+# call (Python, the compute guard, argument checks) is not counted as kernel time. What the
+# host does beyond it shows in the wall-clock cross-check.
+LAUNCH_PAD_CYCLES = 1_000_000
+
 
 def bind_cuda_timing() -> None:
     """Bind the CUDA event/synchronize functions and the driver's persisting-L2 reset now."""
@@ -30,7 +36,7 @@ def bind_cuda_timing() -> None:
     import torch
 
     event = torch.cuda.Event
-    _cuda_timing = (event, event.record, event.elapsed_time, torch.cuda.synchronize)
+    _cuda_timing = (event, event.record, event.elapsed_time, torch.cuda.synchronize, torch.cuda._sleep)
     _reset_persisting_l2 = _driver_persisting_l2_reset()
 
 
@@ -99,6 +105,7 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
             for i in range(repeats):
                 if flush is not None:
                     flush.zero_()
+                torch.cuda._sleep(LAUNCH_PAD_CYCLES)
                 starts[i].record()
                 output = call()
                 ends[i].record()
@@ -144,11 +151,12 @@ def time_one_call(call, device_type: str):
     if device_type == "cuda":
         import torch
 
-        event, record, elapsed_time, synchronize = _cuda_timing or (torch.cuda.Event, torch.cuda.Event.record, torch.cuda.Event.elapsed_time, torch.cuda.synchronize)
-        # No synchronize before the start event (as in time_forward and do_bench): the L2 flush
-        # queued just before keeps the GPU busy while the host reaches the launch, so the host
-        # overhead of the guard is not counted as GPU time. The previous call ended synchronised.
+        event, record, elapsed_time, synchronize, sleep = _cuda_timing or (torch.cuda.Event, torch.cuda.Event.record, torch.cuda.Event.elapsed_time, torch.cuda.synchronize, torch.cuda._sleep)
+        # No synchronize before the start event: the L2 flush and the launch pad queued just
+        # before keep the GPU busy while the host reaches the launch, so the host overhead of
+        # the call and the guard is not counted as GPU time. The previous call ended synchronised.
         start, end = event(enable_timing=True), event(enable_timing=True)
+        sleep(LAUNCH_PAD_CYCLES)
         begin = _clock_ns()
         record(start)
         output = call()

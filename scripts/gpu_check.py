@@ -4,10 +4,10 @@
     python scripts/gpu_check.py --digest   # anywhere: the evaluator digest the check reports
 
 Steps, each with its own time limit, run in this order and printed as they go:
-1. the `cuda`-marked tests;
-2. `cuda-agent bench examples/tasks --solutions examples/solutions --backend cuda`, every
+1. `cuda-agent bench examples/tasks --solutions examples/solutions --backend cuda`, every
    verdict checked: each honest solution `correct` with reward >= 1, each `__wrong` one
-   `incorrect` with reward -1;
+   `incorrect` with reward -1 (first: it also builds the shared fast-build runtime);
+2. the `cuda`-marked tests, on 4 workers;
 3. the CUDA cheat forms (side stream, persisting-L2 window) rejected, an illegal address a
    `runtime_error`;
 4. the small-output cases: an honest wide softmax `correct` on every seed, zeros, a constant,
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 TOTAL_LIMIT_S = 285  # the whole check, set-up included, within five minutes
 CUDA_TEST_FILES = ["tests/test_evaluator_examples.py", "tests/test_examples_cuda_build.py", "tests/test_fastbuild.py", "tests/test_hardening_cheats.py"]
 
@@ -107,9 +108,11 @@ def bench_verdicts(report_path: Path, solutions: Path) -> list[str]:
         return ["bench wrote no report"]
     report = json.loads(report_path.read_text())
     problems = [f"bench task problem: {p}" for p in report.get("task_problems", [])]
+    from evaluator_cuda.solutions import read_solution
+
     by_name = {r["candidate"]: r for r in report["records"]}
     for path in sorted(p for p in (solutions / "cuda").iterdir() if p.is_dir()):
-        record = by_name.get(path.name)
+        record = by_name.get(read_solution(path).label)
         if record is None:
             problems.append(f"{path.name}: not in the report")
         elif "__wrong" in path.name:
@@ -155,7 +158,7 @@ def main() -> int:
 
     step_begin[0] = time.monotonic()
     report_dir = work / "bench"
-    rc, _ = step("bench", [sys.executable, "-m", "cuda_agent.cli", "bench", "examples/tasks", "--solutions", "examples/solutions", "--backend", "cuda", "--out", str(report_dir)], 120)  # first: it also builds the shared fast-build runtime
+    rc, _ = step("bench", [sys.executable, "-m", "cuda_agent.cli", "bench", "examples/tasks", "--solutions", "examples/solutions", "--backend", "cuda", "--out", str(report_dir)], 150)  # first: it also builds the shared fast-build runtime
     problems = bench_verdicts(report_dir / "report.json", ROOT / "examples" / "solutions")
     if (report_dir / "report.json").exists():
         (out / "bench_report.json").write_bytes((report_dir / "report.json").read_bytes())
@@ -165,14 +168,19 @@ def main() -> int:
     summary["failures"] += [f"bench: {p}" for p in problems]
 
     step_begin[0] = time.monotonic()
-    rc, tail = step("cuda_tests", [sys.executable, "-m", "pytest", "-v", "-m", "cuda", "-p", "no:cacheprovider", "--tb=short", "--timeout=100", "-n", "4", *CUDA_TEST_FILES], 110)
+    rc, tail = step("cuda_tests", [sys.executable, "-m", "pytest", "-v", "-m", "cuda", "-p", "no:cacheprovider", "--tb=short", "--timeout=100", "-n", "4", *CUDA_TEST_FILES], 75)
     if rc != 0:
         summary["failures"].append("cuda tests: " + next((l.strip() for l in reversed(tail.splitlines()) if l.strip()), f"exit {rc}"))
 
     step_begin[0] = time.monotonic()
-    rc, _ = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 40)
+    rc, _ = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 35)
     if rc != 0:
         summary["failures"].append(f"cheat forms: exit {rc} (see cheats.log)")
+
+    step_begin[0] = time.monotonic()
+    rc, tail = step("small_outputs", [sys.executable, "scripts/check_small_outputs.py", "--backend", "cuda", "--honest-runs", "1", "--profile"], 70)
+    if rc != 0:
+        summary["failures"].append("small outputs: " + next((l.strip() for l in reversed(tail.splitlines()) if l.strip()), f"exit {rc}"))
     return finish(summary, out)
 
 

@@ -146,3 +146,60 @@ extern "C" void axpy_launcher(const float* x, const float* y, float* out, float 
   cudaStreamSetAttribute((cudaStream_t)stream, cudaStreamAttributeAccessPolicyWindow, &attr);
 }
 """
+
+
+# Small outputs scored at their own scale: a plain softmax over wide rows (every value far below
+# atol), the example row-softmax kernel as the honest answer and four wrong ones, each computed
+# by the kernel itself (the torch-compute guard would refuse zero_() or fill_() before the check). Shared by
+# tests/test_evaluator_tolerance.py (host) and scripts/check_small_outputs.py (both backends).
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+SOFTMAX_MODEL_NEW = """import torch
+import torch.nn as nn
+
+import cuda_extension
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        {body}
+"""
+SMALL_OUTPUT_ANSWERS = {
+    "honest": ("return cuda_extension.row_softmax_forward(x, 1.0)", "correct"),
+    "zeros": ("return cuda_extension.row_softmax_forward(x, 0.0)", "incorrect"),
+    "constant": ("return cuda_extension.row_softmax_forward(torch.zeros_like(x), 1.0)", "incorrect"),  # 1/cols everywhere
+    "permuted_rows": ("y = cuda_extension.row_softmax_forward(x, 1.0)\n        r, c = y.shape\n        return y.view(2, r // 2, c).transpose(0, 1).contiguous().view(r, c)", "incorrect"),
+    "half": ("return cuda_extension.row_softmax_forward(x, 0.5)", "incorrect"),
+}
+
+
+def wide_softmax_task(rows: int, cols: int, ignore_inputs: bool = False) -> Task:
+    """A plain softmax over (rows, cols) inputs; `ignore_inputs`: of ones_like(x) instead of x."""
+    source = (EXAMPLES / "tasks" / "row_softmax.py").read_text()
+    source = source.replace("ROWS = 4096", f"ROWS = {rows}").replace("COLS = 4096", f"COLS = {cols}")
+    operand = "torch.ones_like(x)" if ignore_inputs else "x"
+    source = source.replace("return torch.softmax(x, dim=-1) * x.shape[-1]", f"return torch.softmax({operand}, dim=-1)")
+    suffix = "_ignoring_inputs" if ignore_inputs else ""
+    return Task(name=f"softmax_{rows}x{cols}{suffix}", source=source)
+
+
+def softmax_answer(backend: str, answer: str) -> Solution:
+    """The example row-softmax workspace of `backend` with model_new.py giving `answer`."""
+    from evaluator_cuda.solutions import read_solution
+
+    base = read_solution(EXAMPLES / "solutions" / backend / "row_softmax")
+    files = dict(base.files)
+    files["model_new.py"] = SOFTMAX_MODEL_NEW.format(body=SMALL_OUTPUT_ANSWERS[answer][0]).encode()
+    return Solution("workspace", files, "model_new.py", f"softmax_{answer}")
+
+
+def small_output_cases(backend: str, wide_cols: int = 262_144, honest_runs: int = 2) -> list[tuple]:
+    """(label, task, solution, expected status) for the small-output table."""
+    from evaluator_cuda.solutions import reference_solution
+
+    wide, mid = wide_softmax_task(64, wide_cols), wide_softmax_task(64, 8192)
+    cases = [(f"{wide.name} honest #{i + 1}", wide, softmax_answer(backend, "honest"), "correct") for i in range(honest_runs)]
+    cases += [(f"{mid.name} honest #{i + 1}", mid, softmax_answer(backend, "honest"), "correct") for i in range(honest_runs + 1)]
+    cases += [(f"{wide.name} {answer}", wide, softmax_answer(backend, answer), expected) for answer, (_, expected) in SMALL_OUTPUT_ANSWERS.items() if answer != "honest"]
+    constant_task = wide_softmax_task(64, 8192, ignore_inputs=True)
+    cases.append((constant_task.name, constant_task, reference_solution(constant_task.name), "task_error"))
+    return cases

@@ -178,14 +178,18 @@ def test_cuda_timing_functions_are_bound_before_candidate_code_and_patching_them
     synced = []
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(1))
+    slept = []
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: slept.append(cycles))
     monkeypatch.setattr(profile, "_cuda_timing", None)
     monkeypatch.setattr(profile, "_reset_persisting_l2", None)
     profile.bind_cuda_timing()
     # the candidate's patches, after the binding
     monkeypatch.setattr(_FakeEvent, "elapsed_time", lambda self, end: 1e-6)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
     output, time_us, wall_us = profile.time_one_call(lambda: time.sleep(0.02) or "out", "cuda")
     assert output == "out" and synced == [1]
+    assert slept == [profile.LAUNCH_PAD_CYCLES]  # the launch pad went ahead of the start event
     assert 15_000 < time_us <= wall_us  # the bound elapsed_time measured the 20 ms sleep, not the patched 1 ns
 
 
