@@ -3,10 +3,12 @@
     bash scripts/gpu_check.sh              # on a CUDA machine; logs and a JSON summary in $OUT
     python scripts/gpu_check.py --digest   # anywhere: the evaluator digest the check reports
 
-Steps, each with its own time limit, run in this order and printed as they go:
+Steps, each with its own time limit and printed as they go, in two lanes at once (the verdicts
+do not depend on the timings; each lane builds into its own cache):
 1. `cuda-agent bench examples/tasks --solutions examples/solutions --backend cuda`, every
    verdict checked: each honest solution `correct` with reward >= 1, each `__wrong` one
-   `incorrect` with reward -1 (first: it also builds the shared fast-build runtime);
+   `incorrect` with reward -1;
+and beside it, one after the other:
 2. the `cuda`-marked tests, on 4 workers;
 3. the CUDA cheat forms (side stream, persisting-L2 window) rejected, an illegal address a
    `runtime_error`;
@@ -26,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -78,7 +81,7 @@ def run_step(name: str, command: list[str], limit_s: float, out: Path, env: dict
         *complete, pending = pending.split(b"\n")
         for raw in complete:
             line = raw.decode(errors="replace").rstrip("\r") + "\n"
-            print(f"  {line}", end="", flush=True)
+            print(f"  [{name}] {line}", end="", flush=True)
             log.write(line)
             lines.append(line)
     if pending:
@@ -144,21 +147,44 @@ def main() -> int:
     def left() -> float:
         return TOTAL_LIMIT_S - (time.monotonic() - begin)
 
-    def step(name: str, command: list[str], share_s: float) -> tuple[int, str]:
+    def step(name: str, command: list[str], share_s: float, cache: str = "cache") -> tuple[int, str]:
         limit = max(5.0, min(share_s, left() - 5))
-        rc, tail = run_step(name, command, limit, out, dict(env, OUT=str(work)))  # a step's own files stay out of $OUT
-        summary["steps"][name] = {"rc": rc, "seconds": round(time.monotonic() - step_begin[0], 1)}
+        started = time.monotonic()
+        # A step's own files stay out of $OUT; each lane builds into a cache of its own.
+        rc, tail = run_step(name, command, limit, out, dict(env, OUT=str(work), CUDA_AGENT_CACHE=str(work / cache)))
+        summary["steps"][name] = {"rc": rc, "seconds": round(time.monotonic() - started, 1)}
         return rc, tail
 
-    step_begin = [time.monotonic()]
+    def last_line(tail: str, rc: int) -> str:
+        lines = [l.strip() for l in tail.splitlines() if l.strip()]
+        verdict = [l for l in lines if "as expected" in l or " passed" in l or " failed" in l]
+        return (verdict or lines or [f"exit {rc}"])[-1][:300]
+
     rc, _ = step("environment", [sys.executable, "-c", "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"], 60)
     if rc != 0:
         summary["failures"].append("no usable CUDA device (see environment.log)")
         return finish(summary, out)
 
-    step_begin[0] = time.monotonic()
+    # Two lanes at once (the verdicts do not depend on the timings): the bench of the examples,
+    # and beside it the cuda tests, the cheat forms and the small-output table.
     report_dir = work / "bench"
-    rc, _ = step("bench", [sys.executable, "-m", "cuda_agent.cli", "bench", "examples/tasks", "--solutions", "examples/solutions", "--backend", "cuda", "--out", str(report_dir)], 150)  # first: it also builds the shared fast-build runtime
+    bench_command = [sys.executable, "-m", "cuda_agent.cli", "bench", "examples/tasks", "--solutions", "examples/solutions", "--backend", "cuda", "--out", str(report_dir)]
+    bench_lane: dict = {}
+    bench_thread = threading.Thread(target=lambda: bench_lane.update(result=step("bench", bench_command, 240, cache="cache_bench")))
+    bench_thread.start()
+
+    rc, tail = step("cuda_tests", [sys.executable, "-m", "pytest", "-v", "-m", "cuda", "-p", "no:cacheprovider", "--tb=short", "--timeout=100", "-n", "4", *CUDA_TEST_FILES], 90)
+    if rc != 0:
+        summary["failures"].append("cuda tests: " + last_line(tail, rc))
+    rc, tail = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 40)
+    if rc != 0:
+        summary["failures"].append("cheat forms: " + last_line(tail, rc))
+    rc, tail = step("small_outputs", [sys.executable, "scripts/check_small_outputs.py", "--backend", "cuda", "--honest-runs", "1"], 90)
+    if rc != 0:
+        summary["failures"].append("small outputs: " + last_line(tail, rc))
+
+    bench_thread.join()
+    rc, _ = bench_lane["result"]
     problems = bench_verdicts(report_dir / "report.json", ROOT / "examples" / "solutions")
     if (report_dir / "report.json").exists():
         (out / "bench_report.json").write_bytes((report_dir / "report.json").read_bytes())
@@ -166,21 +192,6 @@ def main() -> int:
     if rc != 0 and not problems:
         problems = [f"bench exited {rc}"]
     summary["failures"] += [f"bench: {p}" for p in problems]
-
-    step_begin[0] = time.monotonic()
-    rc, tail = step("cuda_tests", [sys.executable, "-m", "pytest", "-v", "-m", "cuda", "-p", "no:cacheprovider", "--tb=short", "--timeout=100", "-n", "4", *CUDA_TEST_FILES], 75)
-    if rc != 0:
-        summary["failures"].append("cuda tests: " + next((l.strip() for l in reversed(tail.splitlines()) if l.strip()), f"exit {rc}"))
-
-    step_begin[0] = time.monotonic()
-    rc, _ = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 35)
-    if rc != 0:
-        summary["failures"].append(f"cheat forms: exit {rc} (see cheats.log)")
-
-    step_begin[0] = time.monotonic()
-    rc, tail = step("small_outputs", [sys.executable, "scripts/check_small_outputs.py", "--backend", "cuda", "--honest-runs", "1", "--profile"], 70)
-    if rc != 0:
-        summary["failures"].append("small outputs: " + next((l.strip() for l in reversed(tail.splitlines()) if l.strip()), f"exit {rc}"))
     return finish(summary, out)
 
 
