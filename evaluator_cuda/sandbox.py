@@ -30,18 +30,6 @@ DEFAULT_FILE_SIZE_LIMIT = 8 * 1024**3
 DEFAULT_OPEN_FILES_LIMIT = 4096
 
 
-HARNESS_ROOT = str(Path(__file__).resolve().parents[1])  # the folder that holds evaluator_cuda/
-
-
-def with_harness_on_path(env: dict) -> dict:
-    """`env` with the folder holding this evaluator first on PYTHONPATH: a child runs
-    `python -m evaluator_cuda.child` from its own working folder and must import the same
-    evaluator as its parent, installed or not (a script that only edits sys.path, a checkout)."""
-    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != HARNESS_ROOT]
-    env["PYTHONPATH"] = os.pathsep.join([HARNESS_ROOT, *rest])
-    return env
-
-
 class ChildFailed(Exception):
     """The child did not answer: it died, hung past its deadline, or broke the protocol.
 
@@ -156,7 +144,6 @@ class Child:
         self.sock = parent_sock
         child_env = dict(os.environ)
         child_env.update(env or {})
-        with_harness_on_path(child_env)
         child_env[CHANNEL_FD_ENV] = str(child_sock.fileno())
         guard = guard or {}
         procs = guard.get("extra_processes") or 0

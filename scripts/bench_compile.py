@@ -35,6 +35,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+# The evaluator's children run `python -m evaluator_cuda.child`: they need the checkout on PYTHONPATH too.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 TEMPLATES = REPO / "evaluator_cuda" / "templates"
 

@@ -61,6 +61,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+# The evaluator's children run `python -m evaluator_cuda.child`: they need the checkout on PYTHONPATH too.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 from _bench_common import load_model_new, load_task  # noqa: E402
 from bench_compile import fresh_process_cached_build, fresh_process_seconds, timed  # noqa: E402
