@@ -11,11 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Paper (arXiv 2602.24286, reference.md §7): up to 150 agent turns in training, 200 in evaluation,
+from cuda_agent.contracts import JobError, Timeouts, check_job_settings
+
+# Paper (arXiv 2602.24286, docs/paper.md §7): up to 150 agent turns in training, 200 in evaluation,
 # agentic context of 131,072 tokens.
 PAPER_MAX_TURNS_TRAINING = 150
 PAPER_MAX_TURNS_EVALUATION = 200
 PAPER_AGENTIC_CONTEXT_TOKENS = 131_072
+
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,9 @@ class AgentConfig:
     # (name and arguments) is repeated this many times in a row.
     redundant_repeat_limit: int = 3
     backend: str = "host"
-    evaluator_timeout_seconds: float = 900.0
+    # How long a tool waits for the bridge: longer than the worker lets an evaluation run.
+    evaluator_timeout_seconds: float = Timeouts().agent_wait_s
+    # Per-job evaluation settings (only cuda_agent.contracts.JOB_SETTINGS; the rest is the worker's).
     evaluator_settings: dict[str, Any] = field(default_factory=dict)
     episodes_root: str = "/tmp/cuda-agent-episodes"
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
@@ -72,6 +77,10 @@ def agent_config_from_dict(data: dict[str, Any]) -> AgentConfig:
     unknown_sb = sorted(set(sandbox) - known_sb)
     if unknown_sb:
         raise ValueError(f"unknown agent sandbox keys: {', '.join(unknown_sb)}")
+    try:
+        check_job_settings(data.get("evaluator_settings"))
+    except JobError as error:
+        raise ValueError(f"agent config evaluator_settings: {error}") from None
     return AgentConfig(**data, sandbox=SandboxLimits(**sandbox))
 
 

@@ -1,17 +1,16 @@
-"""Reading the evaluator's result record (evaluator_cuda.service) from the agent's side.
+"""Reading the evaluator's result record from the agent's side.
 
-The record is a JSON-able dict; these accessors are the one place that knows its field
-names, and `format_report` turns it into the text the policy reads.
+The record's shape and accessors are in the contract module (`cuda_agent.contracts`); this
+module turns a record into the text the policy reads.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
-CORRECT = "correct"
-# Statuses that say nothing about the candidate: no reward, never -1.
-UNSCORED = ("infra_error", "task_error")
+from cuda_agent.contracts import Status, UNSCORED, evaluation_job, record_reward, record_speedup, record_time_us  # noqa: F401  (evaluation_job is part of this module's API)
+
+CORRECT = Status.CORRECT.value
 
 
 def files_digest(files: dict[str, bytes]) -> str:
@@ -22,61 +21,23 @@ def files_digest(files: dict[str, bytes]) -> str:
     return digest.hexdigest()
 
 
-def evaluation_job(task_name: str, task_source: str, files: dict[str, bytes], settings: dict[str, Any], artifact: bytes | None = None) -> dict:
-    """The job dict of the evaluator service API (compile_job / evaluate_job)."""
-    job = {
-        "task": {"name": task_name, "source": task_source},
-        "solution": {"format": "workspace", "files": dict(files)},
-        "settings": dict(settings),
-    }
-    if artifact is not None:
-        job["artifact"] = artifact
-    return job
-
-
 def is_correct(record: dict) -> bool:
     return record.get("status") == CORRECT
 
 
 def is_infra_error(record: dict) -> bool:
     """An infrastructure or task failure (the harness, not the candidate, failed)."""
-    return record.get("status") in UNSCORED
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, dict):
-        value = value.get("median_us", value.get("median"))
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return record.get("status") in {s.value for s in UNSCORED}
 
 
 def speedup_vs(record: dict, baseline: str) -> float | None:
     """Speed-up of the candidate over a baseline ('eager' or 'compile'), None if not timed."""
-    speedups = record.get("speedup")
-    if isinstance(speedups, dict) and _number(speedups.get(baseline)) is not None:
-        return _number(speedups.get(baseline))
-    direct = _number(record.get(f"speedup_vs_{baseline}"))
-    if direct is not None:
-        return direct
-    candidate, base = time_us(record, "candidate"), time_us(record, baseline)
-    if candidate and base:
-        return base / candidate
-    return None
+    return record_speedup(record, baseline)
 
 
 def time_us(record: dict, which: str) -> float | None:
     """Median time in µs of 'candidate', 'eager' or 'compile', None if not timed."""
-    times = record.get("times_us") or {}
-    if isinstance(times, dict):
-        return _number(times.get(which))
-    return None
-
-
-def record_reward(record: dict) -> float | None:
-    """The milestone reward in the record; None for infrastructure errors."""
-    if is_infra_error(record):
-        return None
-    reward = record.get("reward")
-    return float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None
+    return record_time_us(record, which)
 
 
 def _diagnostics_text(record: dict, limit: int = 40) -> list[str]:

@@ -22,8 +22,10 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-EVALUATE_HANDLER = "evaluator_cuda.bridge_handlers:evaluate"
-COMPILE_HANDLER = "evaluator_cuda.bridge_handlers:compile"
+from cuda_agent.contracts import EVALUATOR_HANDLERS
+
+EVALUATE_HANDLER = EVALUATOR_HANDLERS["evaluate"]
+COMPILE_HANDLER = EVALUATOR_HANDLERS["compile"]
 
 
 class FleetError(Exception):

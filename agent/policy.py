@@ -8,7 +8,7 @@ token when the policy stopped), `logprobs` one per id. Backends:
   - ScriptedPolicy: replays a list of turn texts (tests, demos, throughput figures);
   - OpenAIChatPolicy: any OpenAI-compatible /v1/chat/completions endpoint (external models,
     evaluated in the same loop); tokens come from the local tokenizer;
-  - policy_jax_backend.JaxSamplerPolicy: the local JAX sampler (imported lazily).
+  - agent.policy_jax_backend.jax_sampler_policy: the local JAX sampler (imported lazily).
 """
 
 from __future__ import annotations

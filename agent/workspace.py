@@ -1,13 +1,13 @@
 """The per-episode workspace: a directory in the CUDA-Agent layout, every path confined to it.
 
-Layout (reference.md §3): `model.py` (the task, read-only), `model_new.py` and `kernels/` (the
+Layout (docs/paper.md §3): `model.py` (the task, read-only), `model_new.py` and `kernels/` (the
 agent's solution), `binding.cpp` + `binding_registry.h` (the harness's registry, read-only, for
 reference: the builder always compiles the evaluator's own copies) and `SKILL.md` (the rules).
 The grader is not here: compile/verify/profile ship `model_new.py` and `kernels/**` to the
 evaluator fleet, which pairs them with the task source it was given, never this `model.py`.
 
 The layout comes from the evaluator's own `init_workspace` (a torch-free module), so the agent
-process stays torch-free (design.md) and both agree on what a workspace is.
+process stays torch-free (docs/architecture.md) and both agree on what a workspace is.
 """
 
 from __future__ import annotations

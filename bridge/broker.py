@@ -1,6 +1,6 @@
 """The broker: one ROUTER socket between trainer clients and the evaluator fleet.
 
-Patterns (reference.md §11): Majordomo service names (``compile`` on CPU workers, ``evaluate``
+Patterns (docs/paper.md §11): Majordomo service names (``compile`` on CPU workers, ``evaluate``
 on GPU workers), Paranoid Pirate heartbeats and liveness both ways, Titanic persistence (a job
 is journaled before it is acknowledged). What the guide's brokers lack and this one adds:
 

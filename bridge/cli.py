@@ -17,6 +17,8 @@ from typing import List, Optional
 
 import typer
 
+from cuda_agent.contracts import Timeouts
+
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 DEFAULT_JOURNAL = Path.home() / ".cache" / "cuda-agent" / "bridge" / "journal.db"
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
@@ -90,7 +92,7 @@ def register(app: typer.Typer) -> None:
         max_attempts: int = typer.Option(3, help="Attempts per job before it ends as infra_error."),
         max_queue: int = typer.Option(100_000, help="Queued jobs beyond which submissions are answered 'busy'."),
         max_message_mb: float = typer.Option(64.0, help="Largest accepted message, MiB."),
-        time_limit: float = typer.Option(900.0, help="Default seconds one evaluation may run."),
+        time_limit: float = typer.Option(Timeouts().worker_job_s, help="Default seconds one evaluation may run."),
     ) -> None:
         """Run the ZeroMQ broker between trainer clients and evaluator workers."""
         import logging
@@ -130,7 +132,7 @@ def register(app: typer.Typer) -> None:
         capacity: int = typer.Option(1, help="Jobs a worker holds at once (prefetch)."),
         heartbeat: float = typer.Option(1.0, help="Heartbeat interval in seconds."),
         liveness: int = typer.Option(3, help="Heartbeats the broker may miss before reconnecting."),
-        time_limit: float = typer.Option(900.0, help="Seconds one evaluation may run when the job sets none."),
+        time_limit: float = typer.Option(Timeouts().worker_job_s, help="Seconds one evaluation may run when the job sets none."),
         curve: Optional[Path] = typer.Option(None, help="Keys folder: connect with CURVE."),
         curve_name: str = typer.Option("worker", help="Which key pair in the keys folder is this worker's."),
     ) -> None:
@@ -161,7 +163,7 @@ def register(app: typer.Typer) -> None:
         endpoint: str = typer.Option(DEFAULT_ENDPOINT, help="Broker endpoint."),
         service: str = typer.Option("evaluate", help="evaluate or compile."),
         backend: str = typer.Option("cuda", help="cuda or host."),
-        set_: List[str] = typer.Option([], "--set", help="Extra evaluation setting KEY=VALUE (YAML value)."),
+        set_: List[str] = typer.Option([], "--set", help="Evaluation setting KEY=VALUE (YAML value); only those a job may set (cuda_agent.contracts.JOB_SETTINGS)."),
         timeout: float = typer.Option(1800.0, help="Seconds to wait for the result."),
         time_limit: Optional[float] = typer.Option(None, help="Seconds the evaluation itself may run."),
         curve: Optional[Path] = typer.Option(None, help="Keys folder: connect with CURVE."),
@@ -172,13 +174,11 @@ def register(app: typer.Typer) -> None:
 
         if not task.is_file():
             _fail(f"task file not found: {task}")
+        from cuda_agent.contracts import JobError, check_job_settings, read_solution_job
+
         try:
-            from evaluator_cuda.solutions import SolutionError, read_solution
-        except ImportError as exc:
-            _fail(f"cannot read solutions ({exc})")
-        try:
-            solution_job = read_solution(solution).to_job()
-        except SolutionError as exc:
+            solution_job = read_solution_job(solution)
+        except JobError as exc:
             _fail(str(exc))
         settings = {"backend": backend}
         for item in set_:
@@ -186,6 +186,10 @@ def register(app: typer.Typer) -> None:
             if not sep or not key:
                 _fail(f"--set expects KEY=VALUE, got {item!r}")
             settings[key] = yaml.safe_load(value)
+        try:
+            settings = check_job_settings(settings)
+        except JobError as exc:
+            _fail(str(exc))
         job = {"task": {"name": task.stem, "source": task.read_text()}, "solution": solution_job, "settings": settings}
         with _connect(endpoint, curve, curve_name, time_limit) as client:
             result = client.run_batch(service, [job], timeout=timeout)[0]

@@ -17,12 +17,11 @@ import signal
 import sys
 import time
 
+from cuda_agent.contracts import EVALUATOR_HANDLERS
+
 log = logging.getLogger("bridge.fleet")
 
-HANDLERS = {
-    "compile": "evaluator_cuda.bridge_handlers:compile",
-    "evaluate": "evaluator_cuda.bridge_handlers:evaluate",
-}
+HANDLERS = EVALUATOR_HANDLERS  # the evaluator's services, by name (the contract module)
 
 
 def default_handler(service: str) -> str:

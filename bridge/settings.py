@@ -1,12 +1,14 @@
 """Named defaults of the bridge, with where each value comes from.
 
 Heartbeat interval, liveness and the reconnect back-off are the Paranoid Pirate values of the
-ZeroMQ guide (reference.md §11). Tests shrink them (0.1 s heartbeats) to stay fast.
+ZeroMQ guide (docs/paper.md §11). Tests shrink them (0.1 s heartbeats) to stay fast.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, asdict, replace
+
+from cuda_agent.contracts import Timeouts
 
 MIB = 1024 * 1024
 
@@ -22,7 +24,7 @@ class BridgeSettings:
     max_attempts: int = 3  # a job is tried this many times before it becomes an infra_error
     max_queue: int = 100_000  # queued (not yet dispatched) jobs per broker; beyond: "busy"
     max_message_bytes: int = 64 * MIB  # a message larger than this is refused with an error
-    time_limit_s: float = 900.0  # one evaluation may run this long before its child is killed
+    time_limit_s: float = Timeouts().worker_job_s  # one evaluation may run this long before its child is killed
     result_ttl_s: float = 7 * 24 * 3600.0  # finished results kept for duplicate submissions
     busy_retry_s: float = 0.5  # a client retries jobs the broker called "busy" after this
 

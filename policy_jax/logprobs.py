@@ -1,6 +1,6 @@
 """Per-token log-probabilities and entropies of given sequences, recomputed by the trainer.
 
-The paper's fix for the rollout/trainer precision mismatch (reference.md section 8): the LM-head
+The paper's fix for the rollout/trainer precision mismatch (docs/paper.md section 8): the LM-head
 matmul accumulates and outputs float32 (`preferred_element_type=jnp.float32`; bf16 operands are
 fine) and the log-softmax runs in float32. `precision="bf16"` runs the same computation with bf16
 logits and a bf16 log-softmax, for the ablations.

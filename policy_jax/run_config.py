@@ -3,7 +3,7 @@
 Sections (each a frozen dataclass below; unknown keys are an error, named in one line):
 `model` (policy_jax.model_config.ModelConfig), `mesh` (policy_jax.sharding.MeshConfig),
 `actor_optimizer` / `critic_optimizer`, `ppo`, `rft`, `train`, `checkpoint`, `distributed`.
-Defaults are the paper's values where it gives one (reference.md §7).
+Defaults are the paper's values where it gives one (docs/paper.md §7).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class RunConfigError(ValueError):
 class OptimizerConfig:
     """AdamW with global-norm gradient clipping and a learning-rate schedule.
 
-    Paper: actor lr 3e-6, critic lr 6e-6 (reference.md §7). Betas, weight decay and clipping are verl's defaults.
+    Paper: actor lr 3e-6, critic lr 6e-6 (docs/paper.md §7). Betas, weight decay and clipping are verl's defaults.
     `decay_steps` is the length of the cosine (default: the run's `train.steps`).
     """
 
@@ -89,12 +89,11 @@ class PPOConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RFTConfig:
-    """Rejection Fine-Tuning filter and epochs: keep reward > min_reward, no schema violations, no redundant loops."""
+    """Rejection Fine-Tuning filter: keep reward > min_reward, no schema violations, no redundant loops."""
 
     min_reward: float = 0.0
     drop_schema_violations: bool = True
     drop_redundant_loops: bool = True
-    epochs: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +113,6 @@ class TrainConfig:
             raise RunConfigError(
                 f"train.global_batch_size={self.global_batch_size} is not a multiple of micro_batch_size={self.micro_batch_size}"
             )
-
-    @property
-    def num_micro_batches(self) -> int:
-        return 1 if self.micro_batch_size is None else self.global_batch_size // self.micro_batch_size
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ stop token or `max_new_tokens` are out.
 The returned log-probs are those of the distribution each token was actually drawn from — after
 temperature, top-k and top-p — computed in the sampler's own precision (the model's compute dtype,
 bf16 by default). That is what truncated importance sampling compares the trainer's FP32 recompute
-against (reference.md section 8).
+against (docs/paper.md section 8).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Stage drivers over trajectory batches: Rejection Fine-Tuning, value pretraining, PPO (reference.md §7).
+"""Stage drivers over trajectory batches: Rejection Fine-Tuning, value pretraining, PPO (docs/paper.md §7).
 
 Input: rows of the agent loop's trajectory table (agent/trajectory.py: `tokens`, `loss_mask`,
 `rollout_logprobs`, `reward`, `schema_violations`, `redundant_loop`), read from parquet or

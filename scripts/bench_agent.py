@@ -194,7 +194,7 @@ def main():
     try:
         import zmq  # noqa: F401
     except ImportError:
-        raise SystemExit("pyzmq is missing: carry the wheel (shared/tools/device-wheels.sh) and pip install it first")
+        raise SystemExit("pyzmq is missing: install its wheel first (pip download pyzmq on a machine with a registry)")
     from agent.fleet import FleetError, local_fleet
     from agent.sandbox import sandbox_report
 

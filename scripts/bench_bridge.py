@@ -6,7 +6,7 @@ bridge's share of a real evaluation's wall time.
     python scripts/bench_bridge.py --real-task examples/tasks/row_softmax.py \
         --real-solution examples/solutions/cuda/row_softmax --backend cuda     # + real evaluation share
 
-Goals (issue 5): >= 5,000 no-op jobs/s and p99 round trip <= 5 ms on a 2-core machine; the bridge
+Goals: >= 5,000 no-op jobs/s and p99 round trip <= 5 ms on a 2-core machine; the bridge
 <= 1 % of a real evaluation's wall time. Every job's result is checked (the echo of its input),
 so a lost, duplicated or crossed result fails the run. With OUT set, writes $OUT/bench_bridge.json.
 """

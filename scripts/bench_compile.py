@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Compile-time benchmark of one candidate, three ways, in one run (issue 3 items 6 and 8).
+"""Compile-time benchmark of one candidate, three ways, in one run (the fast build against torch's builds).
 
     (a) kernelbench  torch.utils.cpp_extension.load_inline, torch headers in the .cu (KernelBench style)
     (b) cuda-agent   torch.utils.cpp_extension.load of the harness binding.cpp + kernels/*.cu + *_binding.cpp

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Figures of the evaluator on a GPU (issue 2), in one call of well under 9 minutes.
+"""Figures of the evaluator on a GPU, in one call of well under 9 minutes.
 
     python scripts/bench_evaluator_gpu.py [--only STEM ...] [--fast-build] [--with-pytest] [--budget-s 420]
 

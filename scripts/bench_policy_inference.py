@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-HBM_BYTES_PER_S = 4.3e12  # measured HBM copy bandwidth on the lent H200 (reference.md section 12)
-REFERENCE = {  # PyTorch + transformers on the same H200 and model shape (reference.md section 12)
+HBM_BYTES_PER_S = 4.3e12  # measured HBM copy bandwidth on the lent H200 (docs/paper.md section 12)
+REFERENCE = {  # PyTorch + transformers on the same H200 and model shape (docs/paper.md section 12)
     "generate_tokens_per_s": 1142.0,
     "fp32_head_logprob_ratio": 2.05,
 }

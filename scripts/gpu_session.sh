@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The GPU figures of the open issues, grouped into calls of at most ~9 minutes each, for the
+# The GPU figures of the project, grouped into calls of at most ~9 minutes each, for the
 # lent H200 (device tool: one command per call, $OUT comes back). Each step has its own time
 # limit, prints as it goes and tees its log to $OUT/<step>.log, so a cut step still leaves its
 # lines; a failing step does not stop the next.
 #
-#   bash scripts/gpu_session.sh evaluator   # issue 2 + 3: hardened CUDA path, do_bench side by side
-#   bash scripts/gpu_session.sh speed       # issue 3 items 7-8: evaluation speed, both builds
-#   bash scripts/gpu_session.sh policy      # issue 4: sampler / FP32 log-probs, critic and remat steps
-#   bash scripts/gpu_session.sh loop        # issues 5-6: bridge share of a real evaluation, agent episodes/hour
+#   bash scripts/gpu_session.sh evaluator   # the hardened CUDA path, do_bench side by side
+#   bash scripts/gpu_session.sh speed       # evaluation speed, both builds
+#   bash scripts/gpu_session.sh policy      # sampler / FP32 log-probs, critic and remat steps
+#   bash scripts/gpu_session.sh loop        # bridge share of a real evaluation, agent episodes/hour
 #
-# On the device machine first (it has no pyzmq; see ../shared/tools/device-wheels.sh):
+# On a GPU machine without pyzmq, first install its wheel (fetched elsewhere with pip download):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD
 set -u

@@ -129,7 +129,7 @@ def kernel_with(body: str) -> str:
     return KERNEL.replace("for (int64_t i = 0; i < n; ++i) out[i] = a * x[i] OP y[i];", body)
 
 
-# CUDA forms of hacks.md #4 and #19 (a side stream; an L2 persistence window), shared by the
+# CUDA forms of docs/cheats.md #4 and #19 (a side stream; an L2 persistence window), shared by the
 # cheat tests and scripts/check_hardening_gpu.py.
 STREAM_KERNEL = """#include <cuda_runtime.h>
 #include <cstdint>

@@ -56,7 +56,8 @@ class RecordingEvaluator:
         self.jobs.append((service, files_digest(job["solution"]["files"]), salt))
         if service == "compile":
             return {"status": "built"}
-        return {"status": "correct", "reward": 2.0, "times_us": {"candidate": 10.0, "eager": 30.0, "compile": 20.0}}
+        return {"status": "correct", "reward": 2.0, "times_us": {"candidate": {"median_us": 10.0}, "eager": {"median_us": 30.0}, "compile": {"median_us": 20.0}},
+                "speedup": {"eager": 3.0, "compile": 2.0}}
 
 
 def rollout_jobs(monkeypatch, episodes_dir, *flags):

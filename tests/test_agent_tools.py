@@ -354,7 +354,7 @@ def test_files_written_by_tools_belong_to_the_sandbox_uid(context):
 
 
 def test_agent_process_stays_torch_free(tmp_path):
-    """design.md: the agent loop never imports torch (a TPU host has none)."""
+    """docs/architecture.md: the agent loop never imports torch (a TPU host has none)."""
     code = (
         "import sys, asyncio\n"
         "import agent.cli, agent.episode, agent.trajectory, agent.fleet, agent.policy, agent.batching\n"

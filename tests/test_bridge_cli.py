@@ -52,14 +52,14 @@ def test_broker_worker_submit_and_status_end_to_end(tmp_path):
         task = Path(REPO_ROOT) / "examples/tasks/row_softmax.py"
         solution = Path(REPO_ROOT) / "examples/solutions/host/row_softmax"
         submitted = _run("submit", str(task), str(solution), "--endpoint", endpoint, "--backend", "host",
-                         "--set", "checks=3", "--timeout", "20")
+                         "--set", "repeats=3", "--timeout", "20")
         assert submitted.returncode == 0, submitted.stderr
         result = json.loads(submitted.stdout)
         expected_files = {p.relative_to(solution).as_posix(): p.stat().st_size
                           for p in solution.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
         assert result["files"] == expected_files
         assert result["task"] == "row_softmax" and result["task_bytes"] == len(task.read_text())
-        assert result["settings"] == {"backend": "host", "checks": 3}
+        assert result["settings"] == {"backend": "host", "repeats": 3}
         text = _run("bridge-status", "--endpoint", endpoint)
         assert "workers: 2" in text.stdout and "completed=1" in text.stdout
         fleet.send_signal(signal.SIGTERM)
@@ -155,3 +155,15 @@ def test_ctrl_c_on_a_fleet_drains_the_running_job(tmp_path):
                     proc.wait(10)
                 except subprocess.TimeoutExpired:
                     proc.kill()
+
+
+def test_submit_refuses_settings_a_job_may_not_carry(tmp_path):
+    """Caches, sandbox limits and grading rules belong to the worker: one clear line and a
+    non-zero exit, before anything is sent."""
+    task = Path(REPO_ROOT) / "examples/tasks/row_softmax.py"
+    solution = Path(REPO_ROOT) / "examples/solutions/host/row_softmax"
+    refused = _run("submit", str(task), str(solution), "--endpoint", "tcp://127.0.0.1:9", "--backend", "host",
+                   "--set", f"cache_dir={tmp_path}", "--set", "static_checks=false", "--timeout", "5")
+    assert refused.returncode == 2
+    assert "not settable per job: cache_dir, static_checks" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1

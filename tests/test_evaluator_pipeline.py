@@ -46,7 +46,7 @@ def test_compile_error_gives_file_and_line(build_cache):
 
 
 def test_aten_compute_from_cpp_binding_is_refused(build_cache):
-    """A binding that computes with torch::relu (ATen) is refused at the dispatcher (hacks.md #16)."""
+    """A binding that computes with torch::relu (ATen) is refused at the dispatcher (docs/cheats.md #16)."""
     record = evaluate(AXPY_TASK, workspace("+", binding_body="out = out.relu();"), host(build_cache))  # a tensor method: invisible to the static check
     assert record["status"] == "incorrect", record["message"]
     assert "relu" in record["message"] and "not allowed" in record["message"]

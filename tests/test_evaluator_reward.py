@@ -1,4 +1,4 @@
-"""The milestone reward (reference.md §6) on a table of hand-derived cases, and the bench metrics."""
+"""The milestone reward (docs/paper.md §6) on a table of hand-derived cases, and the bench metrics."""
 
 import math
 

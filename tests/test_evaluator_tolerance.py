@@ -1,5 +1,5 @@
-"""Small outputs are scored at their own scale (issue: every task with a meaningful output can be
-scored): the elementwise atol of a tensor follows its reference's magnitude, the relative-norm
+"""Small outputs are scored at their own scale, so every task with a meaningful output can be
+scored: the elementwise atol of a tensor follows its reference's magnitude, the relative-norm
 check stands beside it, and only outputs that ignore the inputs or differ between two runs of the
 reference are task errors."""
 

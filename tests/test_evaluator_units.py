@@ -170,7 +170,7 @@ class _FakeEvent:
 def test_cuda_timing_functions_are_bound_before_candidate_code_and_patching_them_changes_nothing(monkeypatch):
     """bind_cuda_timing() (run by the candidate child before it imports candidate code) keeps the
     event/synchronize functions it found; a candidate that later rebinds torch.cuda's does not
-    change the harness's times (hacks.md #7). Fakes stand in for CUDA here."""
+    change the harness's times (docs/cheats.md #7). Fakes stand in for CUDA here."""
     import time
 
     from evaluator_cuda import profile

@@ -1,6 +1,6 @@
 """The example tasks are well-formed and not degenerate; the solutions' model_new.py obey the rules.
 
-Degenerate (hacks.md #4/#17): outputs that do not depend on the inputs, that are constant, or that
+Degenerate (docs/cheats.md #4/#17): outputs that do not depend on the inputs, that are constant, or that
 sit below the verifier's tolerance so an all-zero kernel would pass. Each task is checked against
 such planted trivial candidates with the verifier's own comparison.
 """

@@ -1,4 +1,4 @@
-"""One planted cheat per class of hacks.md (1-20), each shown rejected (status incorrect, a
+"""One planted cheat per class of docs/cheats.md (1-20), each shown rejected (status incorrect, a
 named `rejected` reason where there is one, reward -1) or shown to have no effect, plus honest
 controls that still pass. Host backend (C++ kernels on the CPU through the fast build) or
 KernelBench-style files, so CI runs them; CUDA-only forms are marked `cuda`."""

@@ -14,7 +14,7 @@ from policy_jax.demo_data import demo_rows, write_demo_trajectories
 from policy_jax.logprobs import recompute_logprobs
 from policy_jax.run_config import RFTConfig, RunConfigError, load_run_config
 from policy_jax.sharding import MeshConfig, make_mesh, shard_module
-from policy_jax.stages import (BatchIterator, StageError, actor_objective, ppo_rollout_inputs, read_trajectory_rows,
+from policy_jax.stages import (BatchIterator, StageError, actor_objective, micro_batches_for, ppo_rollout_inputs, read_trajectory_rows,
                                rft_filter, to_device, trainable_rows)
 from policy_jax.train_state import create_train_state, make_optimizer
 from policy_jax.transformer import CausalLM, Critic
@@ -77,7 +77,8 @@ def test_run_config_errors(tmp_path):
         return load_run_config(p, overrides)
 
     base = open("configs/tiny.yaml").read()
-    assert load(base).train.num_micro_batches == 2
+    tiny = load(base).train
+    assert micro_batches_for(tiny.global_batch_size, tiny.micro_batch_size) == 2
     assert load(base, **{"train.steps": 9}).train.steps == 9
     with pytest.raises(RunConfigError, match="unknown top-level keys: trian"):
         load(base + "\ntrian: {steps: 3}\n")

@@ -2,7 +2,7 @@
 
 y = softmax(x, dim=-1) * COLS, x: (ROWS, COLS) fp32.
 A plain softmax over 4096 columns gives outputs near 2.4e-4, far below the verifier's
-atol of 1e-2, so an all-zero kernel would pass (hacks.md #4/#17); multiplying by the row
+atol of 1e-2, so an all-zero kernel would pass (docs/cheats.md #4/#17); multiplying by the row
 length keeps every output at the scale of the tolerance's relative term.
 
 Sizes: 16 M elements (64 MiB in, 64 MiB out): about 30 us at H200 bandwidth for a one-read,

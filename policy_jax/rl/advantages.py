@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from policy_jax.rl.masked import masked_mean, masked_variance
 
-#: Paper (reference.md §7): gamma = 1, lambda = 0.95.
+#: Paper (docs/paper.md §7): gamma = 1, lambda = 0.95.
 DEFAULT_GAMMA = 1.0
 DEFAULT_LAMBDA = 0.95
 

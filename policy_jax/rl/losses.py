@@ -13,14 +13,14 @@ import jax.numpy as jnp
 
 from policy_jax.rl.masked import aggregate_token_loss
 
-#: Paper (reference.md §7): asymmetric "clip-higher" PPO clipping.
+#: Paper (docs/paper.md §7): asymmetric "clip-higher" PPO clipping.
 DEFAULT_CLIP_LOW = 0.2
 DEFAULT_CLIP_HIGH = 0.28
 #: Dual-clip constant for negative advantages (verl's default clip_ratio_c).
 DEFAULT_DUAL_CLIP = 3.0
 #: Log-ratios are clamped to this magnitude before exp (verl, Tunix).
 LOG_RATIO_CLAMP = 20.0
-#: Truncated importance sampling cap C (Yao et al. 2025; reference.md §8).
+#: Truncated importance sampling cap C (Yao et al. 2025; docs/paper.md §8).
 DEFAULT_TIS_CAP = 2.0
 
 
@@ -64,7 +64,7 @@ def truncated_is_weights(
 
 @dataclass(frozen=True)
 class PPOClip:
-    """Clipping of the PPO actor loss. Defaults are the paper's (reference.md §7)."""
+    """Clipping of the PPO actor loss. Defaults are the paper's (docs/paper.md §7)."""
 
     low: float = DEFAULT_CLIP_LOW
     high: float = DEFAULT_CLIP_HIGH

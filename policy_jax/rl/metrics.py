@@ -1,5 +1,5 @@
 """Training diagnostics: KL estimates, entropy, explained variance, and the precision-mismatch
-statistics of reference.md §8 (rollout vs trainer probabilities, importance ratios by token probability).
+statistics of docs/paper.md §8 (rollout vs trainer probabilities, importance ratios by token probability).
 
 Inputs are [B, T] prediction-aligned arrays with a 0/1 mask; every statistic is over masked-in tokens.
 """
@@ -84,7 +84,7 @@ def ratio_stats_by_probability(
 def rollout_mismatch_metrics(
     logp_train_bt: jnp.ndarray, logp_rollout_bt: jnp.ndarray, mask_bt: jnp.ndarray, tis_cap: float
 ) -> dict[str, jnp.ndarray]:
-    """How far the sampler's probabilities are from the trainer's (reference.md §8). [B, T] -> scalars.
+    """How far the sampler's probabilities are from the trainer's (docs/paper.md §8). [B, T] -> scalars.
 
     rho = p_train / p_rollout (log-ratio clamped to ±20). Returns `prob_pearson` (correlation of
     p_train and p_rollout), `chi2` = E[rho^2] - 1, `prob_abs_diff_max` / `prob_abs_diff_mean`
