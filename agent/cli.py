@@ -65,7 +65,21 @@ def load_chat_tokenizer(spec: str | None):
     _fail(f"tokenizer not found: {spec}")
 
 
-def _make_policy_factory(policy: str, tokenizer, backend: str, solutions: Path | None, base_url: str | None, model: str | None, model_dir: str | None):
+def _sampling(run_config: Path | None) -> dict:
+    """The `sampling` section of a training run config (temperature, top_k, top_p), {} without one."""
+    if run_config is None:
+        return {}
+    from policy_jax.run_config import RunConfigError, load_run_config
+
+    try:
+        sampling = load_run_config(run_config).sampling
+    except (RunConfigError, FileNotFoundError) as error:
+        _fail(f"{run_config}: {error}")
+    return {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
+
+
+def _make_policy_factory(policy: str, tokenizer, backend: str, solutions: Path | None, base_url: str | None, model: str | None, model_dir: str | None,
+                         sampling: dict | None = None):
     from agent.policy import OpenAIChatPolicy, ScriptedPolicy
     from agent.scripted import cheating_turns, honest_solver_turns, read_solution_dir
 
@@ -88,7 +102,7 @@ def _make_policy_factory(policy: str, tokenizer, backend: str, solutions: Path |
             _fail("--policy jax needs --model-dir (a Hugging Face model directory)")
         from agent.policy_jax_backend import jax_sampler_policy
 
-        shared = jax_sampler_policy(model_dir, tokenizer)
+        shared = jax_sampler_policy(model_dir, tokenizer, **(sampling or {}))
         return lambda task, index: shared
     _fail(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
 
@@ -135,6 +149,7 @@ def solve(
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint, e.g. http://host:8000/v1"),
     model: Optional[str] = typer.Option(None, help="Model name at the endpoint."),
     model_dir: Optional[str] = typer.Option(None, help="Hugging Face model directory for --policy jax."),
+    run_config: Optional[Path] = typer.Option(None, help="For --policy jax: a training run config whose `sampling` section (temperature, top_k, top_p) the sampler uses, as the trainer will when it scores these episodes."),
     max_turns: Optional[int] = typer.Option(None, help="Override the config's turn limit."),
 ) -> None:
     """Run one episode; leave the workspace and a readable transcript."""
@@ -150,7 +165,7 @@ def solve(
     except FileNotFoundError as error:
         _fail(str(error))
     chat_tokenizer = load_chat_tokenizer(tokenizer)
-    make_policy = _make_policy_factory(policy, chat_tokenizer, cfg.backend, solutions, base_url, model, model_dir)
+    make_policy = _make_policy_factory(policy, chat_tokenizer, cfg.backend, solutions, base_url, model, model_dir, _sampling(run_config))
     episode_dir = (out or Path(cfg.episodes_root) / f"{the_task.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if (episode_dir / "workspace").exists():
         _fail(f"{episode_dir}/workspace already exists; choose another --out")
@@ -187,6 +202,7 @@ def rollout(
     base_url: Optional[str] = typer.Option(None),
     model: Optional[str] = typer.Option(None),
     model_dir: Optional[str] = typer.Option(None),
+    run_config: Optional[Path] = typer.Option(None, help="For --policy jax: a training run config whose `sampling` section (temperature, top_k, top_p) the sampler uses, as the trainer will when it scores these episodes."),
     max_turns: Optional[int] = typer.Option(None),
     keep_workspaces: bool = typer.Option(False, help="Keep every episode's workspace (default: remove it once its trajectory is in memory)."),
     salt_per_episode: bool = typer.Option(
@@ -211,7 +227,7 @@ def rollout(
     cfg = _config(config, backend, max_turns)
     task_list = [load_task(p) for p in _task_files(tasks)] * max(1, episodes_per_task)
     chat_tokenizer = load_chat_tokenizer(tokenizer)
-    make_policy = _make_policy_factory(policy, chat_tokenizer, cfg.backend, solutions, base_url, model, model_dir)
+    make_policy = _make_policy_factory(policy, chat_tokenizer, cfg.backend, solutions, base_url, model, model_dir, _sampling(run_config))
     root = (episodes_dir or Path(cfg.episodes_root) / f"rollout-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if root.exists() and any(root.iterdir()):
         _fail(f"episodes directory {root} is not empty")

@@ -1,8 +1,8 @@
 """Per-token log-probabilities and entropies of given sequences, recomputed by the trainer.
 
-The paper's fix for the rollout/trainer precision mismatch (docs/paper.md section 8): the LM-head
-matmul accumulates and outputs float32 (`preferred_element_type=jnp.float32`; bf16 operands are
-fine) and the log-softmax runs in float32. `precision="bf16"` runs the same computation with bf16
+The paper's fix for the rollout/trainer precision mismatch (docs/paper.md §8): the LM head runs
+in float32 (float32 operands, so the head's weights are not rounded to bf16 first, float32
+accumulation) and so does the log-softmax. `precision="bf16"` runs the same computation with bf16
 logits and a bf16 log-softmax, for the ablations.
 
 The head is applied chunk by chunk over the sequence (a `lax.map`), each chunk rematerialised in
@@ -34,8 +34,9 @@ def next_token_targets(tokens_bt: jax.Array, segment_ids_bt: jax.Array) -> tuple
 
 def _chunk_logprobs(hidden_bcd, targets_bc, head_dv, precision: str, temperature: float):
     """log p(target) and entropy for one chunk. [b, c, d], [b, c] -> ([b, c] f32, [b, c] f32)."""
-    if precision == "fp32":
-        logits_bcv = jnp.einsum("bcd,dv->bcv", hidden_bcd, head_dv, preferred_element_type=jnp.float32)
+    if precision == "fp32":  # float32 operands, accumulation and log-softmax
+        logits_bcv = jnp.einsum("bcd,dv->bcv", hidden_bcd.astype(jnp.float32), head_dv.astype(jnp.float32),
+                                preferred_element_type=jnp.float32)
     else:
         logits_bcv = jnp.einsum("bcd,dv->bcv", hidden_bcd.astype(jnp.bfloat16), head_dv.astype(jnp.bfloat16),
                                 preferred_element_type=jnp.bfloat16)
@@ -90,7 +91,9 @@ def recompute_logprobs(lm, tokens_bt: jax.Array, positions_bt: jax.Array | None 
         segment_ids_bt = jnp.ones_like(tokens_bt, dtype=jnp.int32)
     hidden_btd = lm.backbone(tokens_bt, positions_bt, segment_ids_bt)
     targets_bt, scored_bt = next_token_targets(tokens_bt, segment_ids_bt)
-    head_dv = lm.head_weight().astype(lm.config.compute_jnp_dtype)
+    head_dv = lm.head_weight()  # the parameter dtype: the fp32 path must not see it rounded to bf16
+    if precision != "fp32":
+        head_dv = head_dv.astype(lm.config.compute_jnp_dtype)
     logp_bt, entropy_bt = token_logprobs_from_hidden(hidden_btd, head_dv, targets_bt, precision=precision,
                                                      chunk_size=chunk_size, temperature=temperature)
     return jnp.where(scored_bt, logp_bt, 0.0), jnp.where(segment_ids_bt != 0, entropy_bt, 0.0)

@@ -2,7 +2,7 @@
 
 Sections (each a frozen dataclass below; unknown keys are an error, named in one line):
 `model` (policy_jax.model_config.ModelConfig), `mesh` (policy_jax.sharding.MeshConfig),
-`actor_optimizer` / `critic_optimizer`, `ppo`, `rft`, `train`, `checkpoint`, `distributed`.
+`actor_optimizer` / `critic_optimizer`, `ppo`, `rft`, `sampling`, `train`, `checkpoint`, `distributed`.
 Defaults are the paper's values where it gives one (docs/paper.md §7).
 """
 
@@ -97,6 +97,29 @@ class RFTConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How the rollout sampler draws tokens, and therefore the distribution the trainer scores:
+    one setting for both, so that the trainer's recomputed log-probs use the sampler's
+    temperature. temperature 0 is greedy; top_k 0 and top_p 1.0 are off. The trainer scores the
+    full tempered distribution (no top-k/top-p truncation)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise RunConfigError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0 or not 0.0 < self.top_p <= 1.0:
+            raise RunConfigError(f"sampling: top_k must be >= 0 and top_p in (0, 1], got {self.top_k} and {self.top_p}")
+
+    @property
+    def scoring_temperature(self) -> float:
+        """The temperature the trainer divides logits by (greedy sampling is scored at 1)."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Batching and length. `global_batch_size` trajectories per step, split into micro-batches of
     `micro_batch_size` for gradient accumulation (None = no accumulation)."""
@@ -143,6 +166,7 @@ class RunConfig:
     critic_optimizer: OptimizerConfig
     ppo: PPOConfig = PPOConfig()
     rft: RFTConfig = RFTConfig()
+    sampling: SamplingConfig = SamplingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     distributed: DistributedConfig = DistributedConfig()
 
@@ -153,6 +177,7 @@ _SECTIONS = {
     "critic_optimizer": OptimizerConfig,
     "ppo": PPOConfig,
     "rft": RFTConfig,
+    "sampling": SamplingConfig,
     "checkpoint": CheckpointConfig,
     "distributed": DistributedConfig,
 }

@@ -193,6 +193,8 @@ def actor_objective(cfg: RunConfig, kind: str, rows_per_update: int) -> ActorObj
         logprob_precision=cfg.ppo.logprob_precision,
         logprob_chunk_size=cfg.train.logprob_chunk_size,
         num_micro_batches=micro_batches_for(rows_per_update, cfg.train.micro_batch_size),
+        # RFT clones the sampled actions under the plain policy; PPO's ratio needs the sampler's temperature.
+        temperature=cfg.sampling.scoring_temperature if kind == "ppo" else 1.0,
     )
 
 
@@ -245,11 +247,54 @@ def run_value_pretraining(state: TrainState, batches: BatchIterator, cfg: RunCon
     return _loop(state, batches, mesh, steps, one, "value", checkpointer, log)
 
 
+def require_agent_tokens(tb: TrajectoryBatch, stage: str, seq_len: int) -> None:
+    """StageError when a batch has no token to train on (e.g. every trajectory longer than the window)."""
+    if not np.asarray(tb.loss_mask_bt).any():
+        truncated = int(np.asarray(tb.truncated_b).sum())
+        raise StageError(f"{stage}: a batch of {tb.batch_size} trajectories has no agent token to train on "
+                         f"({truncated} longer than train.seq_len={seq_len}); raise train.seq_len or use shorter trajectories")
+
+
+LOSS_KEYS = ("loss", "value_loss")
+
+
+def require_finite_loss(metrics: dict[str, Any], stage: str, step: int) -> None:
+    """StageError on a NaN or infinite loss: training stops before anything is saved."""
+    bad = {k: metrics[k] for k in LOSS_KEYS if k in metrics and not math.isfinite(metrics[k])}
+    if bad:
+        raise StageError(f"{stage} step {step}: non-finite {', '.join(f'{k}={v}' for k, v in bad.items())}; stopped without saving this step")
+
+
+def average_metrics(updates: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One record for several updates (every mini-batch of every epoch of a PPO step): each number
+    is averaged over the updates, weighted by their agent tokens, ignoring NaN (an undefined
+    explained variance); agent_tokens is summed; `updates` counts them."""
+    if not updates:
+        return {}
+    weights = [float(u.get("agent_tokens", 1.0)) for u in updates]
+    out: dict[str, Any] = {"updates": len(updates)}
+    for key in updates[0]:
+        values = [u[key] for u in updates]
+        if key == "agent_tokens":
+            out[key] = float(sum(values))
+        elif all(isinstance(v, float) for v in values):
+            pairs = [(w, v) for w, v in zip(weights, values) if not math.isnan(v)]
+            total = sum(w for w, _ in pairs)
+            out[key] = sum(w * v for w, v in pairs) / total if pairs and total > 0 else float("nan")
+        else:
+            out[key] = values[-1]
+    return out
+
+
 def _loop(state, batches, mesh, steps, one, stage, checkpointer, log):
     for _ in range(steps):
-        state, metrics = one(state, to_device(next(batches), mesh))
+        tb = next(batches)
+        require_agent_tokens(tb, stage, batches.seq_len)
+        state, metrics = one(state, to_device(tb, mesh))
         step = int(jax.device_get(state.step))
-        log({"stage": stage, "step": step, **_floats(metrics)})
+        record = {"stage": stage, "step": step, **_floats(metrics), "truncated_trajectories": int(np.asarray(tb.truncated_b).sum())}
+        require_finite_loss(record, stage, step)
+        log(record)
         if checkpointer is not None and checkpointer.should_save(step):
             checkpointer.save(state, {"stage": stage, **batches.current_position()})
     return state
@@ -314,17 +359,26 @@ def run_ppo(states: PPOStates, batches: BatchIterator, cfg: RunConfig, mesh, ste
     critic_step = make_critic_step(states.critic, critic_objective(cfg, mini), mesh)
     prepare = jax.jit(lambda a, c, tb: ppo_rollout_inputs(a, c, tb, cfg, objective))
     for _ in range(steps):
-        tb = to_device(next(batches), mesh)
+        host_tb = next(batches)
+        require_agent_tokens(host_tb, "ppo", batches.seq_len)
+        tb = to_device(host_tb, mesh)
         policy, value, diagnostics = prepare(states.actor, states.critic, tb)
         record = {"stage": "ppo", **{f"rollout/{k}": v for k, v in _floats(diagnostics).items()}}
+        record["rollout/truncated_trajectories"] = int(np.asarray(host_tb.truncated_b).sum())
+        actor_updates, critic_updates = [], []
         for _epoch in range(cfg.ppo.epochs):
             for start in range(0, rows, mini):
                 pb = _constrain(take_rows(policy, start, start + mini), mesh)
                 vb = _constrain(take_rows(value, start, start + mini), mesh)
                 states.actor, actor_metrics = actor_step(states.actor, pb)
                 states.critic, critic_metrics = critic_step(states.critic, vb)
-        record.update({f"actor/{k}": v for k, v in _floats(actor_metrics).items()})
-        record.update({f"critic/{k}": v for k, v in _floats(critic_metrics).items()})
+                actor_updates.append(_floats(actor_metrics))
+                critic_updates.append(_floats(critic_metrics))
+                step = int(jax.device_get(states.actor.step))
+                require_finite_loss(actor_updates[-1], "ppo actor", step)
+                require_finite_loss(critic_updates[-1], "ppo critic", step)
+        record.update({f"actor/{k}": v for k, v in average_metrics(actor_updates).items()})
+        record.update({f"critic/{k}": v for k, v in average_metrics(critic_updates).items()})
         record["step"] = int(jax.device_get(states.actor.step))
         log(record)
         if checkpointers is not None:

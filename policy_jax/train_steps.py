@@ -64,6 +64,7 @@ class ActorObjective:
     logprob_precision: str = "fp32"
     logprob_chunk_size: int = 1024
     num_micro_batches: int = 1
+    temperature: float = 1.0  # the sampler's: the trainer scores the distribution it sampled from
 
     def __post_init__(self):
         if self.kind not in ("ppo", "rft"):
@@ -84,6 +85,7 @@ def policy_logprobs(model, batch: PolicyBatch, objective: ActorObjective) -> tup
     return recompute_logprobs(
         model, batch.tokens_bt, batch.positions_bt, batch.segment_ids_bt,
         precision=objective.logprob_precision, chunk_size=objective.logprob_chunk_size,
+        temperature=objective.temperature,
     )
 
 

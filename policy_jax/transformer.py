@@ -119,10 +119,14 @@ class CausalLM(nnx.Module):
         return self.lm_head_dv.get_value()
 
     def head(self, hidden_btd: jax.Array, accumulate_dtype=None) -> jax.Array:
-        """Logits [b, t, v]: operands in the compute dtype; output in `accumulate_dtype` (default: compute)."""
-        c = self.config.compute_jnp_dtype
-        return jnp.einsum("btd,dv->btv", hidden_btd.astype(c), self.head_weight().astype(c),
-                          preferred_element_type=accumulate_dtype or c)
+        """Logits [b, t, v] in `accumulate_dtype` (default: the compute dtype).
+
+        A float32 head is float32 throughout: operands as well as the accumulation, so that the
+        head's weights are not rounded to the compute dtype first.
+        """
+        operand = jnp.float32 if accumulate_dtype == jnp.float32 else self.config.compute_jnp_dtype
+        return jnp.einsum("btd,dv->btv", hidden_btd.astype(operand), self.head_weight().astype(operand),
+                          preferred_element_type=accumulate_dtype or operand)
 
     def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
                  segment_ids_bt: jax.Array | None = None) -> jax.Array:

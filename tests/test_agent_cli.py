@@ -29,6 +29,8 @@ def invoke(*args):
         (("solve", str(REPO / "examples/tasks/elementwise_chain.py"), "--solutions", "/nonexistent"), "no scripted solution for task elementwise_chain"),
         (("solve", str(REPO / "examples/tasks/elementwise_chain.py"), "--tokenizer", "/nonexistent/tok.json"), "tokenizer not found"),
         (("rollout", "no/such/dir"), "task not found: no/such/dir"),
+        (("solve", str(REPO / "examples/tasks/elementwise_chain.py"), "--policy", "jax", "--model-dir", "/nonexistent",
+          "--run-config", str(REPO / "configs/no_such_run.yaml")), "no_such_run.yaml"),
     ],
 )
 def test_user_errors_are_one_line(args, message):

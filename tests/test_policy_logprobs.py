@@ -146,3 +146,36 @@ def test_bad_arguments_raise_clear_errors():
         token_logprobs_from_hidden(h, w, y, precision="fp16")
     with pytest.raises(ValueError, match="chunk_size"):
         token_logprobs_from_hidden(h, w, y, chunk_size=0)
+
+
+def test_fp32_head_is_float32_on_a_model_with_bf16_compute(batch):
+    """Training's usual setting: float32 master weights, bf16 compute. The FP32 path must score
+    with the float32 head weights (the bf16-rounded head left up to 0.05 nats of error)."""
+    tokens, positions, segment_ids = batch
+    lm = random_model(CausalLM, _cfg(vocab_size=VOCAB, compute_dtype="bfloat16"), seed=4, scale=4.0)
+    assert lm.head_weight().dtype == jnp.float32
+    logp, _ = _jitted("fp32", 5)(lm, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segment_ids))
+    hidden = nnx.jit(lambda m: m.backbone(jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segment_ids)))(lm)
+    ref_logp, _ = _numpy_reference(hidden, lm.head_weight(), tokens, segment_ids)  # float64 of the same operands
+    rounded_logp, _ = _numpy_reference(hidden, lm.head_weight().astype(jnp.bfloat16), tokens, segment_ids)
+    assert np.abs(rounded_logp - ref_logp).max() > 1e-3  # the bug this guards against would show
+    np.testing.assert_allclose(np.asarray(logp), ref_logp, atol=5e-5, rtol=0)
+    logits = nnx.jit(lambda m, h: m.head(h, accumulate_dtype=jnp.float32))(lm, hidden)
+    exact = np.asarray(hidden, np.float64) @ np.asarray(lm.head_weight(), np.float64)
+    assert logits.dtype == jnp.float32 and np.abs(np.asarray(logits) - exact).max() < 1e-4
+
+
+def test_the_trainer_scores_at_the_samplers_temperature(tmp_path):
+    """One `sampling` section feeds the sampler and the trainer's recomputed log-probs (PPO);
+    RFT clones the sampled actions under the plain policy."""
+    from policy_jax.run_config import RunConfigError, load_run_config
+    from policy_jax.stages import actor_objective
+
+    path = tmp_path / "run.yaml"
+    path.write_text(open("configs/tiny.yaml").read() + "\nsampling:\n  temperature: 0.7\n  top_p: 0.9\n")
+    cfg = load_run_config(path)
+    assert actor_objective(cfg, "ppo", cfg.train.global_batch_size).temperature == 0.7
+    assert actor_objective(cfg, "rft", cfg.train.global_batch_size).temperature == 1.0
+    path.write_text(open("configs/tiny.yaml").read() + "\nsampling:\n  temperature: -1\n")
+    with pytest.raises(RunConfigError, match="sampling.temperature must be >= 0"):
+        load_run_config(path)

@@ -284,3 +284,11 @@ def test_batch_alignment_and_padding():
     np.testing.assert_array_equal(np.asarray(shift_to_predictions(jnp.array([[1, 2, 3]]))), [[2, 3, 0]])
     with pytest.raises(ValueError, match="different lengths"):
         pad_trajectories([[1, 2]], [[1]], None, [0.0], seq_len=4)
+
+
+def test_a_trajectory_longer_than_the_window_is_masked_out_and_counted():
+    """Its reward belongs to tokens outside the window: none of its tokens is trained on."""
+    batch = pad_trajectories([[5, 6, 7, 8, 9, 10], [8, 9]], [[0, 1, 1, 0, 1, 1], [0, 1]], None, [1.0, 1.0], seq_len=4)
+    np.testing.assert_array_equal(batch.tokens_bt[0], [5, 6, 7, 8])  # cut to the window ...
+    np.testing.assert_array_equal(np.asarray(batch.action_mask_bt), [[0, 0, 0, 0], [1, 0, 0, 0]])  # ... and out of the loss
+    np.testing.assert_array_equal(batch.truncated_b, [1.0, 0.0])

@@ -22,6 +22,9 @@ def test_user_errors_are_one_line(tmp_path):
         (["--stage", "rft", "--config", str(tmp_path / "none.yaml"), "--data", str(data)], "no config file"),
         (["--stage", "sft", "--config", "configs/tiny.yaml", "--data", str(data)], "unknown stage 'sft'"),
     ]
+    long = tmp_path / "long.parquet"  # every trajectory longer than the tiny config's 64-token window
+    assert invoke("train-demo-data", "--out", str(long), "--rows", "4", "--max-len", "400")[0] == 0
+    cases.append((["--stage", "rft", "--config", "configs/tiny.yaml", "--data", str(long)], "longer than train.seq_len=64); raise train.seq_len"))
     bad = tmp_path / "bad.yaml"
     bad.write_text(open("configs/tiny.yaml").read().replace("train:\n", "train:\n  batch: 3\n"))
     cases.append((["--stage", "rft", "--config", str(bad), "--data", str(data)], "unknown keys in train: batch"))

@@ -142,3 +142,28 @@ def test_ppo_rollout_inputs_when_the_sampler_agrees_with_the_trainer():
     for i in range(8):
         last = np.nonzero(mask[i])[0][-1]
         assert returns[i, last] == pytest.approx(float(tb.reward_b[i]), abs=1e-5)
+
+
+def test_ppo_metrics_average_every_update_weighted_by_agent_tokens():
+    from policy_jax.stages import average_metrics
+
+    updates = [{"loss": 1.0, "clipfrac": 0.0, "agent_tokens": 10.0, "explained_variance": float("nan")},
+               {"loss": 4.0, "clipfrac": 0.5, "agent_tokens": 30.0, "explained_variance": 0.5}]
+    merged = average_metrics(updates)
+    assert merged["loss"] == pytest.approx((1.0 * 10 + 4.0 * 30) / 40)
+    assert merged["clipfrac"] == pytest.approx(0.375)
+    assert merged["agent_tokens"] == 40.0 and merged["updates"] == 2
+    assert merged["explained_variance"] == 0.5  # an undefined value in one update is left out
+    assert average_metrics([]) == {}
+
+
+def test_a_nan_loss_or_a_batch_without_agent_tokens_stops_with_one_clear_line():
+    from policy_jax.rl.batch import pad_trajectories
+    from policy_jax.stages import require_agent_tokens, require_finite_loss
+
+    require_finite_loss({"loss": 0.5, "explained_variance": float("nan")}, "value", 3)  # NaN outside a loss is fine
+    with pytest.raises(StageError, match="rft step 7: non-finite loss=nan; stopped without saving"):
+        require_finite_loss({"loss": float("nan")}, "rft", 7)
+    long_only = pad_trajectories([[1] * 100, [2] * 90], [[0, 1] * 50, [1] * 90], None, [1.0, 1.0], seq_len=64)
+    with pytest.raises(StageError, match="no agent token to train on \\(2 longer than train.seq_len=64\\)"):
+        require_agent_tokens(long_only, "rft", 64)

@@ -36,6 +36,7 @@ class TrajectoryBatch:
     loss_mask_bt: jnp.ndarray
     rollout_logprobs_bt: jnp.ndarray
     reward_b: jnp.ndarray
+    truncated_b: jnp.ndarray  # 1.0 where the trajectory was longer than the window (its loss mask is all 0)
 
     @property
     def action_mask_bt(self) -> jnp.ndarray:
@@ -60,9 +61,11 @@ def pad_trajectories(
     seq_len: int,
     pad_id: int = 0,
 ) -> TrajectoryBatch:
-    """Right-pad (or truncate) per-trajectory lists to `seq_len` into a numpy-backed TrajectoryBatch.
+    """Right-pad per-trajectory lists to `seq_len` into a numpy-backed TrajectoryBatch.
 
-    Raises ValueError when a trajectory's fields have different lengths.
+    A trajectory longer than `seq_len` is cut to the window and takes no part in the loss: its
+    outcome reward belongs to tokens outside the window, so its loss mask is all 0 and
+    `truncated_b` counts it. Raises ValueError when a trajectory's fields have different lengths.
     """
     b = len(tokens)
     tok = np.full((b, seq_len), pad_id, np.int32)
@@ -70,13 +73,16 @@ def pad_trajectories(
     logp = np.zeros((b, seq_len), np.float32)
     seg = np.zeros((b, seq_len), np.int32)
     pos = np.zeros((b, seq_len), np.int32)
+    truncated = np.zeros((b,), np.float32)
     for i in range(b):
         n = len(tokens[i])
         if len(loss_masks[i]) != n or (rollout_logprobs is not None and len(rollout_logprobs[i]) != n):
             raise ValueError(f"trajectory {i}: tokens, loss_mask and rollout_logprobs have different lengths")
+        truncated[i] = float(n > seq_len)
         n = min(n, seq_len)
         tok[i, :n] = np.asarray(tokens[i][:n])
-        mask[i, :n] = np.asarray(loss_masks[i][:n])
+        if not truncated[i]:
+            mask[i, :n] = np.asarray(loss_masks[i][:n])
         if rollout_logprobs is not None:
             logp[i, :n] = np.asarray(rollout_logprobs[i][:n])
         seg[i, :n] = 1
@@ -88,4 +94,5 @@ def pad_trajectories(
         loss_mask_bt=mask,
         rollout_logprobs_bt=logp,
         reward_b=np.asarray(rewards, np.float32),
+        truncated_b=truncated,
     )
