@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
     """Add this package's commands to the root app."""
     app.command("train")(train)
     app.command("train-demo-data")(train_demo_data)
+    app.command("export-hf")(export_hf)
 
 
 def _short(record: dict) -> str:
@@ -90,3 +91,26 @@ def train_demo_data(
         _fail("need rows >= 1, max_len >= 4 and vocab_size >= 2")
     path = write_demo_trajectories(out, rows, vocab_size, max_len, seed)
     typer.echo(f"wrote {rows} trajectories to {path}")
+
+
+def export_hf(
+    config: Path = typer.Option(..., help="the run config the checkpoint was trained with"),
+    from_dir: str = typer.Option(..., "--from", help="an actor checkpoint directory, e.g. <checkpoint.directory>/rft/actor"),
+    out: Path = typer.Option(..., help="the Hugging Face checkpoint directory to write (new or empty)"),
+    dtype: Optional[str] = typer.Option(None, help="stored dtype: float32 | bfloat16 | float16 (default: the parameters')"),
+    tokenizer: Optional[Path] = typer.Option(None, help="a folder whose tokenizer files are copied along"),
+) -> None:
+    """Write a trained actor as a Hugging Face checkpoint (config.json, model.safetensors, tokenizer)."""
+    from policy_jax.checkpoint import CheckpointError
+    from policy_jax.model_config import ModelConfigError
+    from policy_jax.params_import import CheckpointError as ExportError
+    from policy_jax.run_config import RunConfigError, load_run_config
+    from policy_jax.sharding import MeshConfigError
+    from policy_jax.train_run import export_actor
+
+    typer.echo(f"exporting the actor of {from_dir} to {out}")
+    try:
+        written = export_actor(load_run_config(config), from_dir, out, dtype, str(tokenizer) if tokenizer else None)
+    except (RunConfigError, ModelConfigError, MeshConfigError, CheckpointError, ExportError, FileNotFoundError) as e:
+        _fail(str(e))
+    typer.echo(f"wrote {written} (loads with transformers.AutoModelForCausalLM and `--policy jax --model-dir`)")

@@ -64,6 +64,16 @@ def _params_from(directory: str, template: TrainState) -> TrainState:
     return template.replace(params=restored.params, rest=restored.rest)
 
 
+def export_actor(cfg: RunConfig, from_dir: str, out: str | Path, dtype: str | None = None,
+                 tokenizer_dir: str | None = None) -> Path:
+    """Write the actor of the latest checkpoint in `from_dir` as a Hugging Face checkpoint at `out`."""
+    from policy_jax.params_export import export_hf_checkpoint
+
+    mesh = make_mesh(cfg.mesh)
+    state = _params_from(from_dir, new_state("actor", cfg, mesh, None, 1))
+    return export_hf_checkpoint(state.module(), out, dtype=dtype, tokenizer_dir=tokenizer_dir)
+
+
 def run_stage(
     cfg: RunConfig,
     stage: str,

@@ -49,3 +49,25 @@ def test_rft_run_then_resume(tmp_path):
     assert code == 0, out
     assert '"event": "resumed"' in out and '"step": 2' in out and "actor: 3 updates" in out
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 3  # filter event + 2 steps
+
+    # The trained actor as a Hugging Face checkpoint: our importer reads back the restored weights.
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from policy_jax.params_import import load_hf_checkpoint
+    from policy_jax.run_config import load_run_config
+    from policy_jax.train_run import _params_from, make_mesh, new_state
+
+    code, out = invoke("export-hf", "--config", "configs/tiny.yaml", "--from", str(tmp_path / "ck" / "rft" / "actor"),
+                       "--out", str(tmp_path / "hf"))
+    assert code == 0, out
+    cfg = load_run_config("configs/tiny.yaml")
+    trained = _params_from(str(tmp_path / "ck" / "rft" / "actor"), new_state("actor", cfg, make_mesh(cfg.mesh), None, 1)).module()
+    exported = load_hf_checkpoint(tmp_path / "hf", cfg=cfg.model)
+    tokens = jnp.asarray(np.arange(20).reshape(2, 10) % cfg.model.vocab_size)
+    forward = nnx.jit(lambda m, t: m(t))
+    np.testing.assert_allclose(np.asarray(forward(exported, tokens)), np.asarray(forward(trained, tokens)), atol=1e-5, rtol=0)
+    code, out = invoke("export-hf", "--config", "configs/tiny.yaml", "--from", str(tmp_path / "ck" / "rft" / "actor"),
+                       "--out", str(tmp_path / "hf"))
+    assert code == 2 and out.strip().splitlines()[-1].startswith("error: ") and "not empty" in out
