@@ -8,6 +8,7 @@ import numpy as np
 from flax import nnx
 
 from policy_jax import kv_cache
+from policy_jax.blockwise_attention import blockwise_attention
 from policy_jax.layers import apply_rope, param, rope_inverse_frequencies
 from policy_jax.model_config import ModelConfig
 
@@ -26,6 +27,7 @@ class Attention(nnx.Module):
         d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         dt, std = cfg.param_jnp_dtype, cfg.initializer_range
         self.compute_dtype = cfg.compute_jnp_dtype
+        self.block_size = cfg.attention_block_size
         self.inv_freq_h2 = tuple(rope_inverse_frequencies(cfg).tolist())  # static constant, not a parameter
         self.q_dnh = param(rngs, (d, n, h), ("embed", "q_heads", "head_dim"), dt, stddev=std)
         self.k_dkh = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), dt, stddev=std)
@@ -46,12 +48,14 @@ class Attention(nnx.Module):
 
     def __call__(self, x_btd: jax.Array, positions_bt: jax.Array, mask_b1ts: jax.Array | None, *,
                  seq_lengths_b: jax.Array | None = None,
+                 segment_ids_bt: jax.Array | None = None,
                  layer_cache: tuple[jax.Array, jax.Array] | None = None,
                  end_index: jax.Array | None = None):
         """Attend over the current tokens (no cache) or over the cache after writing them into it.
 
         x [b, t, d], positions [b, t], mask [b, 1, t, s] (s = t without cache, cache slots with one).
-        With `attention_impl="cudnn"` and no cache, `seq_lengths_b` replaces the mask (right padding).
+        With `attention_impl="cudnn"` and no cache, `seq_lengths_b` replaces the mask (right padding);
+        with "blockwise", `segment_ids_bt` does (memory linear in t, see blockwise_attention).
         Returns (out [b, t, d], updated (keys, values) of this layer or None).
         """
         q_btnh = self._project(x_btd, self.q_dnh, self.q_bias_nh, "btd,dnh->btnh")
@@ -68,6 +72,8 @@ class Attention(nnx.Module):
             out_btnh = jax.nn.dot_product_attention(
                 q_btnh, keys_bskh.astype(q_btnh.dtype), values_bskh.astype(q_btnh.dtype),
                 mask=mask_b1ts, implementation="xla")
+        elif segment_ids_bt is not None:  # the backbone chose blockwise attention (long contexts)
+            out_btnh = blockwise_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt, block_size=self.block_size)
         elif mask_b1ts is None:  # the backbone chose the fused cuDNN kernel (right-padded rows)
             out_btnh = jax.nn.dot_product_attention(
                 q_btnh, k_btkh, v_btkh, is_causal=True, query_seq_lengths=seq_lengths_b,

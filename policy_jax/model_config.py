@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn", "blockwise")
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable")
 
@@ -26,8 +26,9 @@ class ModelConfig:
     `attention_bias` is the q/k/v projection bias (Qwen2 always has it; Llama's `attention_bias`
     also adds an output-projection bias, kept in `attention_out_bias`).
     `attention_impl` picks `jax.nn.dot_product_attention`'s backend for the cache-free forward:
-    "xla" (any mask, packed segments) or "cudnn" (fused flash attention on NVIDIA GPUs; assumes one
-    right-padded segment per row, as in a padded training batch).
+    "xla" (any mask, packed segments; builds a [t, t] mask), "cudnn" (fused flash attention on NVIDIA
+    GPUs; assumes one right-padded segment per row, as in a padded training batch) or "blockwise"
+    (packed segments, memory linear in t on every backend: the long-context path).
     """
 
     vocab_size: int
@@ -56,6 +57,7 @@ class ModelConfig:
     # what a rematerialised layer keeps for the backward pass: a name in jax.checkpoint_policies
     remat_policy: str = "nothing_saveable"
     attention_impl: str = "xla"
+    attention_block_size: int = 512  # queries and keys per block of the "blockwise" attention
 
     def __post_init__(self):
         for name in ("param_dtype", "compute_dtype"):

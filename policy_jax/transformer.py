@@ -28,18 +28,18 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg, rngs=rngs)
         self.mlp = SwiGLU(cfg, rngs=rngs)
 
-    def __call__(self, x_btd, positions_bt, mask_b1ts, *, seq_lengths_b=None, layer_cache=None, end_index=None):
+    def __call__(self, x_btd, positions_bt, mask_b1ts, *, seq_lengths_b=None, segment_ids_bt=None, layer_cache=None, end_index=None):
         """x [b, t, d] -> (x [b, t, d], this layer's updated cache or None)."""
         attn_btd, new_cache = self.self_attn(
             self.input_layernorm(x_btd), positions_bt, mask_b1ts,
-            seq_lengths_b=seq_lengths_b, layer_cache=layer_cache, end_index=end_index)
+            seq_lengths_b=seq_lengths_b, segment_ids_bt=segment_ids_bt, layer_cache=layer_cache, end_index=end_index)
         x_btd = x_btd + attn_btd
         x_btd = x_btd + self.mlp(self.post_attention_layernorm(x_btd))
         return x_btd, new_cache
 
 
-def _run_layer(layer: DecoderLayer, x_btd, positions_bt, mask_b1ts, seq_lengths_b):
-    return layer(x_btd, positions_bt, mask_b1ts, seq_lengths_b=seq_lengths_b)[0]
+def _run_layer(layer: DecoderLayer, x_btd, positions_bt, mask_b1ts, seq_lengths_b, segment_ids_bt):
+    return layer(x_btd, positions_bt, mask_b1ts, seq_lengths_b=seq_lengths_b, segment_ids_bt=segment_ids_bt)[0]
 
 
 @functools.cache
@@ -69,14 +69,17 @@ class Backbone(nnx.Module):
         if segment_ids_bt is None:
             segment_ids_bt = jnp.ones_like(tokens_bt, dtype=jnp.int32)
         fused = self.config.attention_impl == "cudnn" and self.config.compute_dtype in ("bfloat16", "float16")
+        blocks = None
         if fused:  # cuDNN flash attention takes bf16/fp16 only; a float32 model falls back to XLA
             mask_b1ts, seq_lengths_b = None, jnp.sum(segment_ids_bt != 0, axis=1).astype(jnp.int32)
+        elif self.config.attention_impl == "blockwise":  # no [t, t] mask: the segment ids go to the layers
+            mask_b1ts, seq_lengths_b, blocks = None, None, segment_ids_bt
         else:
             mask_b1ts, seq_lengths_b = segment_attention_mask(segment_ids_bt), None
         run = _run_layer_remat(self.config.remat_policy) if self.config.remat else _run_layer
         x_btd = self.embed_tokens(tokens_bt)
         for layer in self.layers:
-            x_btd = run(layer, x_btd, positions_bt, mask_b1ts, seq_lengths_b)
+            x_btd = run(layer, x_btd, positions_bt, mask_b1ts, seq_lengths_b, blocks)
         return self.norm(x_btd)
 
     def forward_with_cache(self, tokens_bt: jax.Array, positions_bt: jax.Array, valid_bt: jax.Array,
