@@ -63,7 +63,7 @@ def test_time_limits_nest_inner_to_outer():
 
     assert BridgeSettings().time_limit_s == Timeouts().worker_job_s
     assert AgentConfig().evaluator_timeout_seconds == Timeouts().agent_wait_s
-    for name in ("agent", "agent_eval"):
+    for name in ("agent", "agent_eval", "agent_tiny"):
         assert load_agent_config(name).evaluator_timeout_seconds > BridgeSettings().time_limit_s
 
 
