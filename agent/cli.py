@@ -19,6 +19,7 @@ def register(app: typer.Typer) -> None:
     """Add this package's commands to the root app."""
     app.command("solve")(solve)
     app.command("rollout")(rollout)
+    app.command("train-loop")(train_loop)
 
 
 def _task_files(specs: list[str]) -> list[Path]:
@@ -260,3 +261,75 @@ def rollout(
     for r in results:
         statuses[r.final_status] = statuses.get(r.final_status, 0) + 1
     typer.echo(f"wrote {len(results)} trajectories to {out}; statuses {statuses}; episodes in {root}")
+
+
+def train_loop(
+    tasks: List[str] = typer.Argument(..., help="Task files or directories of tasks the policy plays."),
+    config: Path = typer.Option(..., help="Training run config (model, ppo, sampling; train.global_batch_size episodes per iteration), e.g. configs/tiny_loop.yaml."),
+    iterations: int = typer.Option(2, help="On-policy iterations: rollouts with the current actor, then one PPO step."),
+    agent_config: str = typer.Option("agent_loop", help="Agent config name under configs/ or a YAML path (episodes must fit train.seq_len)."),
+    tokenizer: Optional[str] = typer.Option(None, help="Model directory or tokenizer.json (default: built-in demo tokenizer)."),
+    init_from: Optional[str] = typer.Option(None, help="Hugging Face checkpoint the actor and critic start from (default: random)."),
+    bridge: Optional[str] = typer.Option(None, help="Broker endpoint; default: start a local broker and workers."),
+    episodes_dir: Optional[Path] = typer.Option(None, help="Where the workspaces go (default: a new folder under the agent config's episodes_root)."),
+    concurrency: int = typer.Option(8, help="Episodes run at the same time."),
+    log_file: Optional[Path] = typer.Option(None, help="Append every iteration's metrics as JSON lines."),
+    export_to: Optional[Path] = typer.Option(None, help="Write the final actor as a Hugging Face checkpoint here."),
+) -> None:
+    """On-policy PPO: the actor plays episodes with its current weights, then learns from them."""
+    import contextlib
+    import json
+    import time
+
+    from agent.episode import load_task
+    from agent.on_policy import run_on_policy
+    from policy_jax.run_config import RunConfigError, load_run_config
+    from policy_jax.stages import StageError
+
+    try:
+        cfg = load_run_config(config)
+    except RunConfigError as error:
+        _fail(str(error))
+    agent_cfg = _config(agent_config, None, None)
+    task_list = [load_task(p) for p in _task_files(tasks)]
+    chat_tokenizer = load_chat_tokenizer(tokenizer)
+    inner = getattr(chat_tokenizer, "inner", None)
+    vocab = inner.get_vocab_size(with_added_tokens=True) if hasattr(inner, "get_vocab_size") else len(inner) if hasattr(inner, "__len__") else None
+    if vocab is not None and vocab > cfg.model.vocab_size:
+        _fail(f"the tokenizer has {vocab} tokens, more than the model's vocab_size={cfg.model.vocab_size}")
+    root = (episodes_dir or Path(agent_cfg.episodes_root) / f"train-loop-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    sink = open(log_file, "a") if log_file else None
+
+    def log(record):
+        keys = ("iteration", "actor_version", "rollout/reward_mean", "actor/loss", "critic/value_loss", "actor/entropy", "rollout_s", "train_s")
+        typer.echo("  ".join(f"{k}={record[k]:.4g}" if isinstance(record.get(k), float) else f"{k}={record[k]}" for k in keys if k in record)
+                   if "event" not in record else json.dumps(record))
+        if sink is not None:
+            sink.write(json.dumps(record, default=str) + "\n")
+            sink.flush()
+
+    from bridge.client import BridgeClient
+
+    from agent.fleet import FleetError, local_fleet
+
+    try:
+        with contextlib.ExitStack() as stack:
+            endpoint = bridge
+            if endpoint is None:
+                typer.echo(f"starting a local broker and {agent_cfg.backend}-backend evaluator workers ...", err=True)
+                endpoint = stack.enter_context(local_fleet(backend=agent_cfg.backend, log_dir=root / "fleet-logs"))
+            client = stack.enter_context(BridgeClient(endpoint))
+            states, _ = run_on_policy(cfg, agent_cfg, task_list, chat_tokenizer, client, iterations, root,
+                                      init_from=init_from, concurrency=concurrency, log=log)
+    except (FleetError, StageError, RuntimeError) as error:
+        _fail(str(error))
+    finally:
+        if sink is not None:
+            sink.close()
+    typer.echo(f"actor: {int(states.actor.step)} updates; episodes in {root}")
+    if export_to is not None:
+        from policy_jax.params_export import export_hf_checkpoint
+
+        export_hf_checkpoint(states.actor.module(), export_to)
+        typer.echo(f"wrote the actor to {export_to}")

@@ -346,32 +346,45 @@ def take_rows(tree: Any, start: int, stop: int) -> Any:
     return jax.tree.map(lambda x: x[start:stop], tree)
 
 
-def run_ppo(states: PPOStates, batches: BatchIterator, cfg: RunConfig, mesh, steps: int,
-            checkpointers: tuple[Any, Any] | None = None, log: Log = lambda record: None) -> PPOStates:
-    """`steps` PPO iterations: one rollout batch each, `ppo.epochs` passes of mini-batches of
-    `ppo.mini_batch_size` rows, an actor and a critic update per mini-batch."""
-    rows = batches.batch_size
-    mini = min(cfg.ppo.mini_batch_size, rows)
-    if rows % mini:
-        raise StageError(f"rollout batch of {rows} rows is not a multiple of ppo.mini_batch_size={mini}")
-    objective = actor_objective(cfg, "ppo", mini)
-    actor_step = make_actor_step(states.actor, objective, mesh)
-    critic_step = make_critic_step(states.critic, critic_objective(cfg, mini), mesh)
-    prepare = jax.jit(lambda a, c, tb: ppo_rollout_inputs(a, c, tb, cfg, objective))
-    for _ in range(steps):
-        host_tb = next(batches)
-        require_agent_tokens(host_tb, "ppo", batches.seq_len)
+@dataclasses.dataclass
+class PPOUpdater:
+    """PPO's compiled functions for batches of `rows` trajectories, built once and reused by every
+    iteration (a new jit wrapper per iteration would compile again each time)."""
+
+    cfg: RunConfig
+    mesh: Any
+    rows: int
+    mini: int
+    actor_step: Callable
+    critic_step: Callable
+    prepare: Callable
+
+    @classmethod
+    def build(cls, states: PPOStates, cfg: RunConfig, mesh, rows: int) -> "PPOUpdater":
+        mini = min(cfg.ppo.mini_batch_size, rows)
+        if rows % mini:
+            raise StageError(f"rollout batch of {rows} rows is not a multiple of ppo.mini_batch_size={mini}")
+        objective = actor_objective(cfg, "ppo", mini)
+        return cls(cfg, mesh, rows, mini, make_actor_step(states.actor, objective, mesh),
+                   make_critic_step(states.critic, critic_objective(cfg, mini), mesh),
+                   jax.jit(lambda a, c, tb: ppo_rollout_inputs(a, c, tb, cfg, objective)))
+
+    def update(self, states: PPOStates, host_tb: TrajectoryBatch) -> tuple[PPOStates, dict[str, Any]]:
+        """One PPO iteration on one rollout batch: `ppo.epochs` passes of mini-batches, an actor and a
+        critic update per mini-batch. -> (states, the metrics of every update averaged)."""
+        cfg, mesh, mini = self.cfg, self.mesh, self.mini
+        require_agent_tokens(host_tb, "ppo", host_tb.tokens_bt.shape[1])
         tb = to_device(host_tb, mesh)
-        policy, value, diagnostics = prepare(states.actor, states.critic, tb)
+        policy, value, diagnostics = self.prepare(states.actor, states.critic, tb)
         record = {"stage": "ppo", **{f"rollout/{k}": v for k, v in _floats(diagnostics).items()}}
         record["rollout/truncated_trajectories"] = int(np.asarray(host_tb.truncated_b).sum())
         actor_updates, critic_updates = [], []
         for _epoch in range(cfg.ppo.epochs):
-            for start in range(0, rows, mini):
+            for start in range(0, self.rows, mini):
                 pb = _constrain(take_rows(policy, start, start + mini), mesh)
                 vb = _constrain(take_rows(value, start, start + mini), mesh)
-                states.actor, actor_metrics = actor_step(states.actor, pb)
-                states.critic, critic_metrics = critic_step(states.critic, vb)
+                states.actor, actor_metrics = self.actor_step(states.actor, pb)
+                states.critic, critic_metrics = self.critic_step(states.critic, vb)
                 actor_updates.append(_floats(actor_metrics))
                 critic_updates.append(_floats(critic_metrics))
                 step = int(jax.device_get(states.actor.step))
@@ -380,6 +393,15 @@ def run_ppo(states: PPOStates, batches: BatchIterator, cfg: RunConfig, mesh, ste
         record.update({f"actor/{k}": v for k, v in average_metrics(actor_updates).items()})
         record.update({f"critic/{k}": v for k, v in average_metrics(critic_updates).items()})
         record["step"] = int(jax.device_get(states.actor.step))
+        return states, record
+
+
+def run_ppo(states: PPOStates, batches: BatchIterator, cfg: RunConfig, mesh, steps: int,
+            checkpointers: tuple[Any, Any] | None = None, log: Log = lambda record: None) -> PPOStates:
+    """`steps` PPO iterations over batches of stored trajectories (see PPOUpdater.update)."""
+    updater = PPOUpdater.build(states, cfg, mesh, batches.batch_size)
+    for _ in range(steps):
+        states, record = updater.update(states, next(batches))
         log(record)
         if checkpointers is not None:
             actor_ck, critic_ck = checkpointers

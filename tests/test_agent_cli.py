@@ -111,3 +111,11 @@ def test_rollout_without_salt_lets_identical_solutions_share_evaluations(monkeyp
 def test_rollout_help_explains_the_salt_option():
     code, output, _ = invoke("rollout", "--help")
     assert code == 0 and "--salt-per-episode" in output and "--no-salt-per-episode" in output
+
+
+def test_train_loop_refuses_a_model_smaller_than_the_tokenizer(tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text((REPO / "configs" / "tiny_loop.yaml").read_text().replace("vocab_size: 523 ", "vocab_size: 100 "))
+    code, output, exception = invoke("train-loop", str(TASK_FILE), "--config", str(config), "--episodes-dir", str(tmp_path / "eps"))
+    assert code == 2, (output, exception)
+    assert "the tokenizer has 523 tokens, more than the model's vocab_size=100" in output

@@ -68,6 +68,6 @@ def test_small_output_table_on_the_host_backend(case, build_cache):  # noqa: F81
     if expected == "incorrect":
         assert record["reward"] == -1 and record["failed_criterion"] in ("elementwise_scaled", "relative_norm", "constant_output"), record
     if expected == "correct":
-        assert record["tolerance"]["scaled"] is True and record["tolerance"]["tensor_atol"][0] < 1e-4
+        assert record["tolerance"]["scaled"] is True and record["tolerance"]["tensor_atol"][0] < 1e-3  # far below the paper's 1e-2
     if expected == "task_error":
         assert "does not depend on the inputs" in record["message"]
