@@ -25,7 +25,7 @@ def test_worker_sigkilled_mid_job_job_completes_elsewhere_exactly_once(tmp_path)
             wait_for_workers(client, 2)
             future = client.submit_future(
                 "evaluate", {"counter_file": str(counter), "start_file": str(started), "seconds": 1.0, "tag": "k"},
-                timeout=30)
+                timeout=90)
             first = wait_for(lambda: read_lines(started), what="the job to start")
             child_pid = int(first[0].split()[1])
             victim = next(w for w in workers if w.pid == parent_pid(child_pid))
@@ -183,7 +183,10 @@ def _run_bad_worker(endpoint, err_path):
 
 
 def test_killed_worker_is_noticed_by_its_disconnect_long_before_heartbeats_run_out(tmp_path):
-    slow_heartbeats = dataclasses.replace(FAST_TEST_SETTINGS, heartbeat_s=4.0, liveness=3)  # silence limit 12 s
+    # Silence limit 60 s: heartbeats alone would notice the kill only after a minute. The measured restart
+    # (disconnect noticed, job requeued, a fresh evaluation child started) took 1-4.1 s on the 2-core CI
+    # machine; the bound leaves 6x over the slowest seen and stays far below the silence limit.
+    slow_heartbeats = dataclasses.replace(FAST_TEST_SETTINGS, heartbeat_s=20.0, liveness=3)
     endpoint = free_tcp_endpoint()
     broker = start_broker(endpoint, tmp_path / "journal.db", slow_heartbeats)
     workers = [start_worker(endpoint, "counted", settings=slow_heartbeats) for _ in range(2)]
@@ -193,18 +196,16 @@ def test_killed_worker_is_noticed_by_its_disconnect_long_before_heartbeats_run_o
             wait_for_workers(client, 2)
             future = client.submit_future(
                 "evaluate", {"counter_file": str(counter), "start_file": str(started), "seconds": 0.5, "tag": "x"},
-                timeout=30)
+                timeout=90)
             first = wait_for(lambda: read_lines(started), what="the job to start")
             victim = next(w for w in workers if w.pid == parent_pid(int(first[0].split()[1])))
             killed_at = time.time()
             os.kill(victim.pid, signal.SIGKILL)
-            second = wait_for(lambda: read_lines(started)[1:], timeout=20, what="the job to restart")
-            result = future.result(timeout=30)
+            second = wait_for(lambda: read_lines(started)[1:], timeout=40, what="the job to restart")
+            result = future.result(timeout=60)
         restart_delay = float(second[0].split()[2]) - killed_at
         assert result["status"] == "correct"
-        # The restart includes a fresh evaluation child's start on the surviving worker (about 1 s on a loaded
-        # 2-core machine); heartbeat liveness alone would need 12 s.
-        assert restart_delay < 4.0, f"restarted {restart_delay:.2f} s after the kill; liveness alone needs 12 s"
+        assert restart_delay < 25.0, f"restarted {restart_delay:.2f} s after the kill; liveness alone needs 60 s"
     finally:
         for proc in workers:
             stop(proc)
