@@ -47,42 +47,81 @@ def _key_block_step(carry, key_block, *, q_bqkgh, q_seg_bq, q_idx_q, scale):
     return (m_new, l_new, acc_new), None
 
 
-def blockwise_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, segment_ids_bt: jax.Array, *,
-                        block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
-    """softmax(q kᵀ / √h) v under the causal segment mask, block by block. -> [b, t, n, h] in q's dtype.
-
-    q [b, t, n, h]; k, v [b, t, k, h] with n a multiple of k (grouped-query heads); segment_ids [b, t].
-    """
-    b, t, n, h = q_btnh.shape
-    kv = k_btkh.shape[2]
+def _check(q_btnh, k_btkh, block_size):
+    n, kv = q_btnh.shape[2], k_btkh.shape[2]
     if n % kv:
         raise ValueError(f"{n} query heads are not a multiple of {kv} key/value heads")
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    g, c = n // kv, min(block_size, t)
-    q = _pad_to(q_btnh, 1, c).reshape(b, -1, kv, g, h)
-    k, v = _pad_to(k_btkh, 1, c), _pad_to(v_btkh, 1, c)
-    seg = _pad_to(segment_ids_bt.astype(jnp.int32), 1, c)  # padded positions are segment 0: never visible
-    blocks = q.shape[1] // c
-    idx = jnp.arange(blocks * c)
-    # [blocks, ...] views for the scans
-    q_blocks = q.reshape(b, blocks, c, kv, g, h).swapaxes(0, 1)
-    k_blocks = k.reshape(b, blocks, c, kv, h).swapaxes(0, 1)
-    v_blocks = v.reshape(b, blocks, c, kv, h).swapaxes(0, 1)
-    seg_blocks = seg.reshape(b, blocks, c).swapaxes(0, 1)
-    idx_blocks = idx.reshape(blocks, c)
+
+
+def _blocks(x, c):
+    """[b, t, ...] padded to a multiple of c -> [t/c, b, c, ...]."""
+    x = _pad_to(x, 1, c)
+    return x.reshape(x.shape[0], x.shape[1] // c, c, *x.shape[2:]).swapaxes(0, 1)
+
+
+def _attend(q_btnh, k_bskh, v_bskh, q_seg_bt, k_seg_bs, q_offset, block_size: int) -> jax.Array:
+    """The block loops. Queries sit at global positions q_offset + [0, t); keys at [0, s)."""
+    b, t, n, h = q_btnh.shape
+    kv = k_bskh.shape[2]
+    g, cq, ck = n // kv, min(block_size, t), min(block_size, k_bskh.shape[1])
+    q_blocks = _blocks(q_btnh.reshape(b, t, kv, g, h), cq)
+    q_seg_blocks = _blocks(q_seg_bt.astype(jnp.int32), cq)  # padded positions are segment 0: never visible
+    q_idx_blocks = (q_offset + jnp.arange(q_seg_blocks.shape[0] * cq)).reshape(-1, cq)
+    k_blocks, v_blocks = _blocks(k_bskh, ck), _blocks(v_bskh, ck)
+    k_seg_blocks = _blocks(k_seg_bs.astype(jnp.int32), ck)
+    k_idx_blocks = jnp.arange(k_seg_blocks.shape[0] * ck).reshape(-1, ck)
     scale = 1.0 / (h ** 0.5)
 
     @jax.checkpoint
     def query_block(_, inputs):
         q_bqkgh, q_seg_bq, q_idx_q = inputs
         step = jax.checkpoint(functools.partial(_key_block_step, q_bqkgh=q_bqkgh, q_seg_bq=q_seg_bq, q_idx_q=q_idx_q, scale=scale))
-        init = (jnp.full((b, kv, g, c), _NEG, jnp.float32), jnp.zeros((b, kv, g, c), jnp.float32),
-                jnp.zeros((b, c, kv, g, h), jnp.float32))
-        (_, l_bkgq, acc_bqkgh), _ = jax.lax.scan(step, init, (k_blocks, v_blocks, seg_blocks, idx_blocks))
+        init = (jnp.full((b, kv, g, cq), _NEG, jnp.float32), jnp.zeros((b, kv, g, cq), jnp.float32),
+                jnp.zeros((b, cq, kv, g, h), jnp.float32))
+        (_, l_bkgq, acc_bqkgh), _ = jax.lax.scan(step, init, (k_blocks, v_blocks, k_seg_blocks, k_idx_blocks))
         denominator = jnp.moveaxis(l_bkgq, -1, 1)[..., None]
         out = jnp.where(denominator > 0, acc_bqkgh / jnp.where(denominator > 0, denominator, 1.0), 0.0)
         return None, out.astype(q_btnh.dtype)
 
-    _, out_blocks = jax.lax.scan(query_block, None, (q_blocks, seg_blocks, idx_blocks))
-    return out_blocks.swapaxes(0, 1).reshape(b, blocks * c, n, h)[:, :t]
+    _, out_blocks = jax.lax.scan(query_block, None, (q_blocks, q_seg_blocks, q_idx_blocks))
+    return out_blocks.swapaxes(0, 1).reshape(b, -1, n, h)[:, :t]
+
+
+def blockwise_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, segment_ids_bt: jax.Array, *,
+                        block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
+    """softmax(q kᵀ / √h) v under the causal segment mask, block by block. -> [b, t, n, h] in q's dtype.
+
+    q [b, t, n, h]; k, v [b, t, k, h] with n a multiple of k (grouped-query heads); segment_ids [b, t].
+    """
+    _check(q_btnh, k_btkh, block_size)
+    return _attend(q_btnh, k_btkh, v_btkh, segment_ids_bt, segment_ids_bt, 0, block_size)
+
+
+def context_parallel_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, segment_ids_bt: jax.Array,
+                               mesh, axis: str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
+    """blockwise_attention with the sequence split over the mesh axis `axis` (context parallelism).
+
+    Each device keeps its slice of the queries and gathers every device's keys, values and
+    segment ids (all-gather over `axis`), then attends blockwise with its queries' global
+    positions. Per device: queries t/P, keys t (linear in t), no [t, t] array. The other mesh
+    axes may shard the batch (`data`, `fsdp`) and the heads (`tensor`) as usual.
+    """
+    from jax.sharding import PartitionSpec as P
+
+    _check(q_btnh, k_btkh, block_size)
+    parts = mesh.shape[axis]
+    if q_btnh.shape[1] % parts:
+        raise ValueError(f"sequence of {q_btnh.shape[1]} tokens does not split over {parts} devices of axis {axis!r}")
+    spec_tokens, spec_ids = P(None, axis, None, None), P(None, axis)
+
+    def local(q, k, v, seg):
+        k_all = jax.lax.all_gather(k, axis, axis=1, tiled=True)
+        v_all = jax.lax.all_gather(v, axis, axis=1, tiled=True)
+        seg_all = jax.lax.all_gather(seg, axis, axis=1, tiled=True)
+        offset = jax.lax.axis_index(axis) * q.shape[1]
+        return _attend(q, k_all, v_all, seg, seg_all, offset, block_size)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec_tokens, spec_tokens, spec_tokens, spec_ids),
+                         out_specs=spec_tokens, check_vma=False)(q_btnh, k_btkh, v_btkh, segment_ids_bt)
