@@ -1,7 +1,9 @@
-"""`cuda-agent solve` and `cuda-agent rollout` (imports stay light: everything heavy is inside the commands)."""
+"""`cuda-agent solve`, `rollout` and `train-loop` (imports stay light: everything heavy is inside the commands)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from pathlib import Path
 from typing import List, Optional
 
@@ -76,7 +78,7 @@ def _sampling(run_config: Path | None) -> dict:
         sampling = load_run_config(run_config).sampling
     except (RunConfigError, FileNotFoundError) as error:
         _fail(f"{run_config}: {error}")
-    return {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
+    return dataclasses.asdict(sampling)
 
 
 def _make_policy_factory(policy: str, tokenizer, backend: str, solutions: Path | None, base_url: str | None, model: str | None, model_dir: str | None,
@@ -118,10 +120,9 @@ def _config(config_name: str, backend: Optional[str], max_turns: Optional[int]):
     return config.with_overrides(backend=backend, max_turns=max_turns)
 
 
-async def _with_evaluator(bridge: Optional[str], backend: str, log_dir: Path, run):
-    """Run `run(gateway)` against the given bridge, or a local broker + workers started here."""
-    import contextlib
-
+@contextlib.contextmanager
+def _evaluator_client(bridge: Optional[str], backend: str, log_dir: Path):
+    """A bridge client of the given broker, or of a local broker + workers started here."""
     from bridge.client import BridgeClient
 
     from agent.fleet import FleetError, local_fleet
@@ -134,7 +135,12 @@ async def _with_evaluator(bridge: Optional[str], backend: str, log_dir: Path, ru
                 endpoint = stack.enter_context(local_fleet(backend=backend, log_dir=log_dir))
             except FleetError as error:
                 _fail(str(error))
-        client = stack.enter_context(BridgeClient(endpoint))
+        yield stack.enter_context(BridgeClient(endpoint))
+
+
+async def _with_evaluator(bridge: Optional[str], backend: str, log_dir: Path, run):
+    """Run `run(gateway)` against the given bridge, or a local broker + workers started here."""
+    with _evaluator_client(bridge, backend, log_dir) as client:
         return await run(client)
 
 
@@ -277,7 +283,6 @@ def train_loop(
     export_to: Optional[Path] = typer.Option(None, help="Write the final actor as a Hugging Face checkpoint here."),
 ) -> None:
     """On-policy PPO: the actor plays episodes with its current weights, then learns from them."""
-    import contextlib
     import json
     import time
 
@@ -309,20 +314,11 @@ def train_loop(
             sink.write(json.dumps(record, default=str) + "\n")
             sink.flush()
 
-    from bridge.client import BridgeClient
-
-    from agent.fleet import FleetError, local_fleet
-
     try:
-        with contextlib.ExitStack() as stack:
-            endpoint = bridge
-            if endpoint is None:
-                typer.echo(f"starting a local broker and {agent_cfg.backend}-backend evaluator workers ...", err=True)
-                endpoint = stack.enter_context(local_fleet(backend=agent_cfg.backend, log_dir=root / "fleet-logs"))
-            client = stack.enter_context(BridgeClient(endpoint))
+        with _evaluator_client(bridge, agent_cfg.backend, root / "fleet-logs") as client:
             states, _ = run_on_policy(cfg, agent_cfg, task_list, chat_tokenizer, client, iterations, root,
                                       init_from=init_from, concurrency=concurrency, log=log)
-    except (FleetError, StageError, RuntimeError) as error:
+    except (StageError, RuntimeError) as error:
         _fail(str(error))
     finally:
         if sink is not None:

@@ -20,7 +20,6 @@ PAPER_MAX_TURNS_EVALUATION = 200
 PAPER_AGENTIC_CONTEXT_TOKENS = 131_072
 
 
-
 @dataclass(frozen=True)
 class SandboxLimits:
     """Resource limits of every command the agent runs (applied with setrlimit in the child)."""

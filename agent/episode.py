@@ -17,16 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
+from cuda_agent.contracts import evaluation_job, record_reward, record_speedup
+
 from agent.chat import IM_END, ChatRenderer, TokenTrajectory
 from agent.config import AgentConfig
-from agent.evaluator_report import (
-    evaluation_job,
-    files_digest,
-    is_correct,
-    is_infra_error,
-    record_reward,
-    speedup_vs,
-)
+from agent.evaluator_report import files_digest, is_correct, is_infra_error
 from agent.policy import Policy
 from agent.prompts import system_prompt, task_message
 from agent.tool_calls import ToolCall, parse_tool_calls
@@ -85,7 +80,7 @@ def best_correct_evaluation(evaluations: Sequence[EvaluationRecord]) -> Evaluati
     for item in evaluations:
         if not is_correct(item.record):
             continue
-        speedup = speedup_vs(item.record, "compile")
+        speedup = record_speedup(item.record, "compile")
         if speedup is None:
             continue
         if best_speedup is None or speedup > best_speedup:
@@ -238,8 +233,8 @@ async def run_episode(
         redundant_loop=_repeats_in_a_row(call_keys) >= config.redundant_repeat_limit,
         final_status=final_status,
         reward=reward,
-        best_speedup_vs_compile=speedup_vs(final_record, "compile") if final_record and is_correct(final_record) else None,
-        best_speedup_vs_eager=speedup_vs(final_record, "eager") if final_record and is_correct(final_record) else None,
+        best_speedup_vs_compile=record_speedup(final_record, "compile") if final_record and is_correct(final_record) else None,
+        best_speedup_vs_eager=record_speedup(final_record, "eager") if final_record and is_correct(final_record) else None,
         final_solution=final_solution,
         final_record=final_record,
         evaluations=context.evaluations + final_evaluations,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from cuda_agent.contracts import Status, UNSCORED, evaluation_job, record_reward, record_speedup, record_time_us  # noqa: F401  (evaluation_job is part of this module's API)
+from cuda_agent.contracts import UNSCORED, Status, record_reward, record_speedup, record_time_us
 
 CORRECT = Status.CORRECT.value
 
@@ -27,17 +27,7 @@ def is_correct(record: dict) -> bool:
 
 def is_infra_error(record: dict) -> bool:
     """An infrastructure or task failure (the harness, not the candidate, failed)."""
-    return record.get("status") in {s.value for s in UNSCORED}
-
-
-def speedup_vs(record: dict, baseline: str) -> float | None:
-    """Speed-up of the candidate over a baseline ('eager' or 'compile'), None if not timed."""
-    return record_speedup(record, baseline)
-
-
-def time_us(record: dict, which: str) -> float | None:
-    """Median time in µs of 'candidate', 'eager' or 'compile', None if not timed."""
-    return record_time_us(record, which)
+    return record.get("status") in UNSCORED  # Status is a str enum: the plain strings match
 
 
 def _diagnostics_text(record: dict, limit: int = 40) -> list[str]:
@@ -69,11 +59,11 @@ def format_evaluation_report(record: dict, profiled: bool) -> str:
     lines += _diagnostics_text(record)
     if profiled and is_correct(record):
         for which in ("candidate", "eager", "compile"):
-            t = time_us(record, which)
+            t = record_time_us(record, which)
             if t is not None:
                 lines.append(f"  time {which}: {t:.1f} us")
         for baseline in ("eager", "compile"):
-            s = speedup_vs(record, baseline)
+            s = record_speedup(record, baseline)
             if s is not None:
                 lines.append(f"  speed-up vs {baseline}: {s:.3f}x")
     reward = record_reward(record)

@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from agent.batching import BatchedSamplerPolicy
 from agent.config import AgentConfig
 from agent.episode import Task, run_episodes
-from agent.policy_jax_backend import sampler_batch_function
+from agent.policy_jax_backend import model_sampler_policy
 from agent.trajectory import episode_row
 
 
@@ -38,14 +37,6 @@ class Iteration:
     record: dict[str, Any]
 
 
-def sampler_policy(model, tokenizer, sampling, seed: int, max_batch: int = 64) -> BatchedSamplerPolicy:
-    """The agent's policy over `model` as it is now (its arrays, not a copy on disk)."""
-    pad_id = getattr(getattr(tokenizer, "inner", tokenizer), "pad_id", None)
-    batch_fn = sampler_batch_function(model, 0 if pad_id is None else int(pad_id), temperature=sampling.temperature,
-                                      top_k=sampling.top_k, top_p=sampling.top_p, seed=seed)
-    return BatchedSamplerPolicy(batch_fn, tokenizer, max_batch=max_batch)
-
-
 def _episode_tasks(tasks: Sequence[Task], count: int) -> list[Task]:
     return [tasks[i % len(tasks)] for i in range(count)]
 
@@ -57,8 +48,8 @@ def run_on_policy(cfg, agent_cfg: AgentConfig, tasks: Sequence[Task], tokenizer,
     """`iterations` on-policy PPO iterations from a fresh (or `init_from`) actor and critic.
 
     cfg: a policy_jax RunConfig; gateway: the evaluator (a bridge client); before_rollout(index,
-    actor state) is called as each iteration starts; devices: the trainer's (default: all). Returns the final (actor, critic) states and
-    the Iteration of each round.
+    actor state) is called as each iteration starts; devices: the trainer's (default: all).
+    Returns the final (actor, critic) states and the Iteration of each round.
     """
     from policy_jax.sharding import make_mesh
     from policy_jax.stages import BatchIterator, PPOStates, PPOUpdater, trainable_rows
@@ -76,7 +67,7 @@ def run_on_policy(cfg, agent_cfg: AgentConfig, tasks: Sequence[Task], tokenizer,
         version = int(states.actor.step)
         if before_rollout is not None:
             before_rollout(index, states.actor)
-        policy = sampler_policy(states.actor.module(), tokenizer, cfg.sampling, seed=cfg.train.seed + index)
+        policy = model_sampler_policy(states.actor.module(), tokenizer, seed=cfg.train.seed + index, **dataclasses.asdict(cfg.sampling))
         log({"event": "rollout", "iteration": index, "actor_version": version, "episodes": episodes})
         begin = time.perf_counter()
         results = asyncio.run(run_episodes(_episode_tasks(tasks, episodes), lambda task, i: policy, tokenizer, agent_cfg, gateway,

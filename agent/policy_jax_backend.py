@@ -69,10 +69,14 @@ def sampler_batch_function(
     return sample_batch
 
 
+def model_sampler_policy(lm: Any, tokenizer: Any, max_batch: int = 64, **sampling: Any) -> BatchedSamplerPolicy:
+    """A batched policy over a CausalLM as it is now (its arrays, no copy on disk)."""
+    pad_id = getattr(getattr(tokenizer, "inner", tokenizer), "pad_id", None)
+    return BatchedSamplerPolicy(sampler_batch_function(lm, 0 if pad_id is None else int(pad_id), **sampling), tokenizer, max_batch=max_batch)
+
+
 def jax_sampler_policy(model_dir: str, tokenizer: Any, dtype: str | None = None, max_batch: int = 64, **sampling: Any) -> BatchedSamplerPolicy:
     """A batched policy over a Hugging Face checkpoint loaded into policy_jax."""
     from policy_jax.params_import import load_hf_checkpoint
 
-    lm = load_hf_checkpoint(model_dir, dtype=dtype)
-    pad_id = getattr(getattr(tokenizer, "inner", tokenizer), "pad_id", None)
-    return BatchedSamplerPolicy(sampler_batch_function(lm, 0 if pad_id is None else int(pad_id), **sampling), tokenizer, max_batch=max_batch)
+    return model_sampler_policy(load_hf_checkpoint(model_dir, dtype=dtype), tokenizer, max_batch, **sampling)

@@ -39,7 +39,7 @@ BUILD_STATUSES = ("built", "compile_error", "infra_error")  # the outcome of a c
 
 def is_scored(status: str | None) -> bool:
     """Whether a status is a verdict on the candidate (then it carries a reward)."""
-    return status in {s.value for s in SCORED}
+    return status in SCORED  # Status is a str enum: plain strings match its members
 
 
 # The paper's reward (CUDA Agent, section 3.4): -1 when wrong, 1 when correct, 2 when more than

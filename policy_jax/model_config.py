@@ -9,6 +9,8 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from policy_jax.blockwise_attention import DEFAULT_BLOCK_SIZE
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn", "blockwise")
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
@@ -57,7 +59,7 @@ class ModelConfig:
     # what a rematerialised layer keeps for the backward pass: a name in jax.checkpoint_policies
     remat_policy: str = "nothing_saveable"
     attention_impl: str = "xla"
-    attention_block_size: int = 512  # queries and keys per block of the "blockwise" attention
+    attention_block_size: int = DEFAULT_BLOCK_SIZE  # queries and keys per block of the "blockwise" attention
 
     def __post_init__(self):
         for name in ("param_dtype", "compute_dtype"):

@@ -247,10 +247,10 @@ def run_value_pretraining(state: TrainState, batches: BatchIterator, cfg: RunCon
     return _loop(state, batches, mesh, steps, one, "value", checkpointer, log)
 
 
-def require_agent_tokens(tb: TrajectoryBatch, stage: str, seq_len: int) -> None:
+def require_agent_tokens(tb: TrajectoryBatch, stage: str) -> None:
     """StageError when a batch has no token to train on (e.g. every trajectory longer than the window)."""
     if not np.asarray(tb.loss_mask_bt).any():
-        truncated = int(np.asarray(tb.truncated_b).sum())
+        truncated, seq_len = int(np.asarray(tb.truncated_b).sum()), tb.tokens_bt.shape[1]
         raise StageError(f"{stage}: a batch of {tb.batch_size} trajectories has no agent token to train on "
                          f"({truncated} longer than train.seq_len={seq_len}); raise train.seq_len or use shorter trajectories")
 
@@ -289,7 +289,7 @@ def average_metrics(updates: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def _loop(state, batches, mesh, steps, one, stage, checkpointer, log):
     for _ in range(steps):
         tb = next(batches)
-        require_agent_tokens(tb, stage, batches.seq_len)
+        require_agent_tokens(tb, stage)
         state, metrics = one(state, to_device(tb, mesh))
         step = int(jax.device_get(state.step))
         record = {"stage": stage, "step": step, **_floats(metrics), "truncated_trajectories": int(np.asarray(tb.truncated_b).sum())}
@@ -373,7 +373,7 @@ class PPOUpdater:
         """One PPO iteration on one rollout batch: `ppo.epochs` passes of mini-batches, an actor and a
         critic update per mini-batch. -> (states, the metrics of every update averaged)."""
         cfg, mesh, mini = self.cfg, self.mesh, self.mini
-        require_agent_tokens(host_tb, "ppo", host_tb.tokens_bt.shape[1])
+        require_agent_tokens(host_tb, "ppo")
         tb = to_device(host_tb, mesh)
         policy, value, diagnostics = self.prepare(states.actor, states.critic, tb)
         record = {"stage": "ppo", **{f"rollout/{k}": v for k, v in _floats(diagnostics).items()}}

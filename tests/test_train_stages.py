@@ -166,4 +166,4 @@ def test_a_nan_loss_or_a_batch_without_agent_tokens_stops_with_one_clear_line():
         require_finite_loss({"loss": float("nan")}, "rft", 7)
     long_only = pad_trajectories([[1] * 100, [2] * 90], [[0, 1] * 50, [1] * 90], None, [1.0, 1.0], seq_len=64)
     with pytest.raises(StageError, match="no agent token to train on \\(2 longer than train.seq_len=64\\)"):
-        require_agent_tokens(long_only, "rft", 64)
+        require_agent_tokens(long_only, "rft")

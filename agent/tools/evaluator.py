@@ -10,12 +10,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agent.evaluator_report import (
-    evaluation_job,
-    files_digest,
-    format_compile_report,
-    format_evaluation_report,
-)
+from cuda_agent.contracts import evaluation_job
+
+from agent.evaluator_report import files_digest, format_compile_report, format_evaluation_report
 from agent.tools.base import EvaluationRecord, Tool, ToolContext, ToolFailure
 from agent.workspace import SOLUTION_MODEL_FILE
 
