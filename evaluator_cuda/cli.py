@@ -17,7 +17,7 @@ def _fail(message: str) -> None:
 
 
 def _settings(backend: str, repeats: Optional[int], warmup: Optional[int], profile: bool, cache_dir: Optional[Path], fast_build: bool = True):
-    from .bench import resolve_backend
+    from .bench.run import resolve_backend
     from .settings import EvalSettings
 
     overrides = {"profile": profile, "fast_build": fast_build}
@@ -67,7 +67,7 @@ def bench(
     """Evaluate a task set (and its solutions) and print the KernelBench-style table."""
     import time
 
-    from .bench import run_bench
+    from .bench.run import run_bench
 
     if not tasks.exists():
         _fail(f"no such task file or folder: {tasks}")
@@ -132,6 +132,6 @@ def register(app: typer.Typer) -> None:
     app.command("bench")(bench)
     app.command("evaluate")(evaluate)
     app.add_typer(workspace_app, name="workspace")
-    from .fastbuild.cli import register as register_fast_build
+    from .extension.fast.cli import register as register_fast_build
 
     register_fast_build(app)

@@ -18,18 +18,19 @@ import secrets
 import time
 from pathlib import Path
 
-from .baselines import BaselineCache, baseline_key
-from .build import build_env, build_workspace
-from .child import one_line
-from .diagnostics import parse_compiler_output
-from .record import finish, new_record
-from .sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
+from .extension.diagnostics import parse_compiler_output
+from .extension.build import build_workspace
+from .extension.torch_build import build_env
+from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
+from .isolation.static_checks import check_solution_sources
+from .roles.errors import one_line
 from .settings import EvalSettings
-from .solutions import Solution
-from .tasks import Task, degenerate_reason
-from .profile import summarize_times
-from .static_checks import check_solution_sources
-from .verify import compare_outputs, criterion_of, outputs_ignore_inputs, precision_bound, relative_error, scale_problem, tolerances
+from .solutions import Solution, reference_solution
+from .tasks import Task, TaskError, degenerate_reason
+from .timing.baselines import BaselineCache, baseline_key
+from .timing.profile import summarize_times
+from .verdict.record import finish, new_record
+from .verdict.verify import compare_outputs, criterion_of, outputs_ignore_inputs, precision_bound, relative_error, scale_problem, tolerances
 
 
 class _Verdict(Exception):
@@ -163,6 +164,18 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
                 _STANDBY.refill(slot.env, slot.guard, slot.device_type)
         record["wall_s"]["total"] = round(time.perf_counter() - begin, 4)
     return record
+
+
+def check_task_degenerate(task: Task, settings: EvalSettings | None = None) -> str | None:
+    """Run the task's reference in a child on fresh inputs and return why it is degenerate, or None."""
+    settings = settings or EvalSettings.for_backend("host")
+    settings = EvalSettings.from_dict({**settings.to_dict(), "profile": False})
+    record = evaluate(task, reference_solution(task.stem), settings)
+    if record["status"] == "task_error" and record.get("task_degenerate"):
+        return record["task_degenerate"]
+    if record["status"] == "task_error":
+        raise TaskError(task.name, record["message"].removeprefix(f"task {task.name}: "))
+    return None
 
 
 @contextlib.contextmanager

@@ -6,17 +6,17 @@ job = {"task": {"name": str, "source": str},
        "artifact"?: bytes}                      # evaluate_job only: a prebuilt extension
 compile_job -> {"status": "built" | "compile_error" | "infra_error", "diagnostics": [...],
                 "artifact": bytes | None, "build_seconds": float, "cache_hit": bool}
-evaluate_job -> the result record (record.py)
+evaluate_job -> the result record (verdict/record.py)
 A malformed job gives an infra_error result whose message says what is wrong with it.
 """
 
 from __future__ import annotations
 
-from .child import one_line
-from .record import finish, new_record
+from .roles.errors import one_line
 from .settings import EvalSettings
 from .solutions import SolutionError, solution_from_job
 from .tasks import Task, TaskError, check_task_source
+from .verdict.record import finish, new_record
 
 
 class JobError(Exception):
@@ -43,7 +43,7 @@ def _parse_job(job: dict):
 
 def compile_job(job: dict) -> dict:
     """Build a job's solution (workspace format) and return the built extension's bytes."""
-    from .build import build_workspace
+    from .extension.build import build_workspace
 
     try:
         task, solution, settings = _parse_job(job)

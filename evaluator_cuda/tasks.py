@@ -152,7 +152,7 @@ def degenerate_reason(outputs: list, rerun, atol: float, rtol: float) -> str | N
     """
     import torch
 
-    from .verify import compare_outputs, _tensor_pairs
+    from .verdict.verify import compare_outputs, _tensor_pairs
 
     def tensors(value) -> list:
         return [t for t, _ in _tensor_pairs(value, value)]
@@ -166,20 +166,4 @@ def degenerate_reason(outputs: list, rerun, atol: float, rtol: float) -> str | N
         return None
     if len(sets) > 1 and all(all(a.shape == b.shape and bool(torch.equal(a, b)) for a, b in zip(ts, sets[0])) for ts in sets[1:]):
         return "the output does not depend on the inputs"
-    return None
-
-
-def check_task_degenerate(task: "Task", settings=None) -> str | None:
-    """Run the task's reference in a child on fresh inputs and return why it is degenerate, or None."""
-    from .evaluation import evaluate
-    from .settings import EvalSettings
-    from .solutions import reference_solution
-
-    settings = settings or EvalSettings.for_backend("host")
-    settings = EvalSettings.from_dict({**settings.to_dict(), "profile": False})
-    record = evaluate(task, reference_solution(task.stem), settings)
-    if record["status"] == "task_error" and record.get("task_degenerate"):
-        return record["task_degenerate"]
-    if record["status"] == "task_error":
-        raise TaskError(task.name, record["message"].removeprefix(f"task {task.name}: "))
     return None

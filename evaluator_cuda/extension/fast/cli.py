@@ -3,7 +3,7 @@
     cuda-agent fast-build SOLUTION_DIR [--backend cuda|host] [--arch 9.0] [--cache DIR] [--json]
     cuda-agent fast-build --warm-up [--backend cuda|host]      # precompile the shared parts and the runtime
 
-evaluator_cuda/cli.py adds these with `from .fastbuild.cli import register as register_fastbuild`.
+evaluator_cuda/cli.py adds these with `from .extension.fast.cli import register as register_fast_build`.
 Exit status: 0 built, 1 the candidate's compile error, 3 the solution needs the full torch build.
 """
 
@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         if warm_up:
             result = warm_up_build(backend, cache, arch)
-            from .runtime import ensure_binding_runtime
+            from .binding_runtime import ensure_binding_runtime
 
             ensure_binding_runtime(cache)
         elif solution is None or not (solution / "kernels").is_dir():

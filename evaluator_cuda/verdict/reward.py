@@ -12,7 +12,7 @@ not rewards at all: callers pass them through as `None`, never as -1.
 
 from __future__ import annotations
 
-from .settings import PAPER_MARGIN
+from ..settings import PAPER_MARGIN
 
 
 def beats(t: float, t_baseline: float, margin: float = PAPER_MARGIN) -> bool:

@@ -1,4 +1,4 @@
-"""Entry point of every child process: `python -m evaluator_cuda.child <role>`.
+"""Entry point of every child process: `python -m evaluator_cuda.roles.child <role>`.
 
 The child reads requests from the channel fd the parent passed (sandbox.py), runs the role's
 handler and writes one structured reply per request. stdout/stderr go to a log file only.
@@ -13,37 +13,22 @@ import socket
 import sys
 import traceback
 
-from . import wire
-from .sandbox import CHANNEL_FD_ENV, LIMITS_ENV, SLOT_DIR_ENV, WARM_ENV, limit_resources, remove_slot_dir, warm_up
-
-
-class HandlerError(Exception):
-    """An expected failure of a request, with the kind the parent classifies it by."""
-
-    def __init__(self, kind: str, message: str, detail: str = ""):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.detail = detail
-
-
-def one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return first[:500]
+from ..isolation import wire
+from ..isolation.sandbox import CHANNEL_FD_ENV, LIMITS_ENV, SLOT_DIR_ENV, WARM_ENV, limit_resources, remove_slot_dir, warm_up
+from .errors import HandlerError, one_line
 
 
 def _handlers(role: str):
     if role == "reference":
-        from .child_reference import ReferenceRole
+        from .reference import ReferenceRole
 
         return ReferenceRole()
     if role == "candidate":
-        from .child_candidate import CandidateRole
+        from .candidate import CandidateRole
 
         return CandidateRole()
     if role == "build":
-        from .child_build import BuildRole
+        from .build import BuildRole
 
         return BuildRole()
     raise SystemExit(f"unknown child role {role!r}")
@@ -87,7 +72,4 @@ def serve(role: str) -> None:
 
 
 if __name__ == "__main__":
-    # Run the imported module's serve() so that handlers and this loop share one HandlerError class.
-    from evaluator_cuda.child import serve as _serve
-
-    _serve(sys.argv[1] if len(sys.argv) > 1 else "")
+    serve(sys.argv[1] if len(sys.argv) > 1 else "")

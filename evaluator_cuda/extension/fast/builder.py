@@ -4,7 +4,7 @@
                    kernels/*_binding.cpp g++ against the slim headers in include/ (no torch: ~1 s)
     host backend:  kernels/*.cpp         g++ against the slim headers (bindings and plain kernels)
     always:        harness/fast_module.cpp (the fast build's binding.cpp: the exported entry points)
-linked into one shared library that evaluator_cuda.fastbuild.runtime loads as `cuda_extension`.
+linked into one shared library that evaluator_cuda.extension.fast.binding_runtime loads as `cuda_extension`.
 
 Every object is cached under its own content hash (source, the kernels' headers, flags, compiler
 versions, slim-header hash), and the linked library under the hash of the whole solution, so an
@@ -29,7 +29,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..build import HARNESS_FILES, HEADER_SUFFIXES, select_sources  # one rule for both build paths
+from ..sources import HEADER_SUFFIXES, select_sources  # one rule for both build paths
 from ..diagnostics import parse_compiler_output
 from .compile_errors import INCLUDE_DIR, link_gap_reason, shim_gap_reason
 from .toolchain import (
@@ -206,7 +206,7 @@ class _Cache:
 
 
 def default_cache_dir() -> Path:
-    from ..settings import cache_root
+    from ...settings import cache_root
 
     return cache_root() / "fastbuild"
 

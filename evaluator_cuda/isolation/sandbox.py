@@ -1,6 +1,6 @@
 """The one place where the evaluator starts child processes.
 
-A child is `python -m evaluator_cuda.child <role>` in its own session (process group), with
+A child is `python -m evaluator_cuda.roles.child <role>` in its own session (process group), with
 resource limits, its stdout/stderr going to a log file that is never parsed for a verdict,
 and one end of a socket pair the parent owns as its only channel (see wire.py). On timeout
 the whole process group is killed. An untrusted child also gets rlimits (memory, processes,
@@ -153,7 +153,7 @@ class Child:
         self._log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [*guard.get("command_prefix", []), sys.executable, "-m", "evaluator_cuda.child", role],
+                [*guard.get("command_prefix", []), sys.executable, "-m", "evaluator_cuda.roles.child", role],
                 cwd=str(self.workdir),
                 env=child_env,
                 stdin=subprocess.DEVNULL,

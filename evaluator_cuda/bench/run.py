@@ -11,10 +11,10 @@ import dataclasses
 import time
 from pathlib import Path
 
-from .record import finish, new_record
-from .settings import EvalSettings
-from .solutions import SolutionError, discover_solutions, read_solution, reference_solution
-from .tasks import load_tasks
+from ..settings import EvalSettings
+from ..solutions import SolutionError, discover_solutions, read_solution, reference_solution
+from ..tasks import load_tasks
+from ..verdict.record import finish, new_record
 
 
 @dataclasses.dataclass
@@ -64,7 +64,7 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .evaluation import children_kept_warm, evaluate
+    from ..evaluation import children_kept_warm, evaluate
     from .metrics import bench_metrics
     from .report import print_tables, write_reports
 

@@ -1,7 +1,7 @@
 // fast_module.cpp -- part of the fast build harness, linked into every fast-built candidate library.
 // Exports the three entry points the binding runtime looks up with dlsym (the fast build's binding.cpp), and
 // PyInit_cuda_extension, so the library also imports like the torch-built extension (`import cuda_extension`,
-// importlib's ExtensionFileLoader): it asks evaluator_cuda.fastbuild.runtime for the module object.
+// importlib's ExtensionFileLoader): it asks evaluator_cuda.extension.fast.binding_runtime for the module object.
 #include <dlfcn.h>
 
 #include "binding_registry.h"
@@ -54,7 +54,7 @@ CUDA_AGENT_EXPORT void* PyInit_cuda_extension() {
     if (set_string && import_error) set_string(*import_error, "fast extension: cannot find its own path");
     return nullptr;
   }
-  void* runtime = import_module("evaluator_cuda.fastbuild.runtime");
+  void* runtime = import_module("evaluator_cuda.extension.fast.binding_runtime");
   if (!runtime) return nullptr;  // the ImportError is already set
   void* module = call_method(runtime, "extension_module_for", "s", self.dli_fname);
   decref(runtime);

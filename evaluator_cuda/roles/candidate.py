@@ -14,10 +14,10 @@ import sys
 import traceback
 from pathlib import Path
 
-from . import profile as _profile  # noqa: F401  (binds the harness clock before candidate code loads)
-from .child import HandlerError, one_line
-from .tasks import TaskError, exec_task
-from .wire import describe_tensors
+from ..isolation.wire import describe_tensors
+from ..tasks import TaskError, exec_task
+from ..timing import profile as _profile  # noqa: F401  (binds the harness clock before candidate code loads)
+from .errors import HandlerError, one_line
 
 BUILD_ERROR_MARKER = "Error building extension"
 
@@ -25,7 +25,7 @@ BUILD_ERROR_MARKER = "Error building extension"
 def load_extension_module(so_path: str, fast_cache_dir: str | None = None):
     """Import a built extension file as the module `cuda_extension` (torch-built or fast-built)."""
     if fast_cache_dir is not None:
-        from .fastbuild.runtime import is_fast_extension, load_fast_extension
+        from ..extension.fast.binding_runtime import is_fast_extension, load_fast_extension
 
         if is_fast_extension(so_path):
             return load_fast_extension(so_path, "cuda_extension", fast_cache_dir)
@@ -158,9 +158,9 @@ class CandidateRole:
 
         import torch
 
-        from .child_reference import to_device
-        from .profile import flush_l2, poison_allocator, reset_persisting_l2, time_one_call
-        from .torch_guard import ForbiddenTorchCompute, refuse_torch_compute
+        from ..isolation.torch_guard import ForbiddenTorchCompute, refuse_torch_compute
+        from ..timing.profile import flush_l2, poison_allocator, reset_persisting_l2, time_one_call
+        from .reference import to_device
 
         if self.model is None:
             raise HandlerError("internal", "call before prepare")

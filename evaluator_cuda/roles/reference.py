@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from .child import HandlerError, one_line
-from .tasks import TaskError, exec_task
+from ..tasks import TaskError, exec_task
+from .errors import HandlerError, one_line
 
 
 def _sync(device: str) -> None:
@@ -59,7 +59,7 @@ def _disagree(first, again) -> bool:
     """Two runs of the reference on the same inputs differ beyond atol/rtol (a random operator)."""
     import torch
 
-    from .verify import compare_outputs
+    from ..verdict.verify import compare_outputs
 
     def cpu(value):
         if isinstance(value, torch.Tensor):
@@ -187,7 +187,7 @@ class ReferenceRole:
     def do_baselines(self, req: dict) -> dict:
         import torch
 
-        from .profile import summarize_times, time_forward
+        from ..timing.profile import summarize_times, time_forward
 
         args = self.timing_inputs
         kwargs = dict(warmup=int(req["warmup"]), repeats=int(req["repeats"]), device_type=self.device, l2_flush_bytes=int(req["l2_flush_bytes"]))

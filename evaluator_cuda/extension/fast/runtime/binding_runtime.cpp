@@ -1,6 +1,6 @@
 // binding_runtime.cpp -- the binding runtime of the fast build path (built once per machine with torch headers).
 //
-// A candidate library built by evaluator_cuda.fastbuild never sees torch: its bindings hold opaque tensor handles
+// A candidate library built by evaluator_cuda.extension.fast never sees torch: its bindings hold opaque tensor handles
 // and call the table of cuda_agent_abi functions defined here (metadata, allocation, views/copies, the current
 // CUDA stream; no compute). This module
 //   * fills that table from the real ATen API, turning every C++ exception into an error code + message;

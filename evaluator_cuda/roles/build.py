@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .child import HandlerError, one_line
+from .errors import HandlerError, one_line
 
 
 class BuildRole:
@@ -39,7 +39,7 @@ class BuildRole:
         """Make sure the fast build's binding runtime exists (built once per machine, cached)."""
         import fcntl
 
-        from .fastbuild.runtime import ensure_binding_runtime
+        from ..extension.fast.binding_runtime import ensure_binding_runtime
 
         root = Path(req["cache_dir"])
         root.mkdir(parents=True, exist_ok=True)
