@@ -117,11 +117,11 @@ def workspace_init(
     name: Optional[str] = typer.Option(None, help="Task name inside a folder or parquet file."),
 ) -> None:
     """Lay out a fresh CUDA-Agent workspace (model.py, model_new.py, kernels/, SKILL.md) for a task."""
-    from .workspace import WorkspaceError, init_workspace
+    from cuda_agent.workspace import WorkspaceError, init_workspace
 
     the_task = _one_task(task, name)
     try:
-        init_workspace(the_task, folder)
+        init_workspace(the_task.source, folder)
     except WorkspaceError as exc:
         _fail(str(exc))
     typer.echo(f"workspace for {the_task.name} in {folder}")

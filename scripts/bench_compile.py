@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 # The evaluator's children run `python -m evaluator_cuda.roles.child`: they need the checkout on PYTHONPATH too.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
-TEMPLATES = REPO / "evaluator_cuda" / "templates"
+TEMPLATES = REPO / "cuda_agent" / "templates"
 
 CUDA_KERNEL = r"""
 #include <cuda_runtime.h>

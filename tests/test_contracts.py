@@ -82,19 +82,19 @@ def test_read_solution_job_matches_the_examples_on_disk(tmp_path):
 # --- import directions ------------------------------------------------------------------------
 
 # Which first-party packages each package may import (the README's table). The console root,
-# cuda_agent/cli.py, registers every package's commands and may import them all.
+# cuda_agent/cli.py, registers every package's commands and may import them all. The contract
+# modules (standard library only) are the contracts and the workspace layout.
+CONTRACTS = ("cuda_agent.contracts", "cuda_agent.workspace")
 ALLOWED = {
-    "evaluator_cuda": {"cuda_agent.contracts"},
+    "evaluator_cuda": {*CONTRACTS},
     "bridge": {"cuda_agent.contracts"},
     "policy_jax": {"cuda_agent.contracts"},
-    "agent": {"bridge", "policy_jax", "cuda_agent.contracts"},
+    "agent": {"bridge", "policy_jax", *CONTRACTS},
     "cuda_agent": set(),
 }
 FIRST_PARTY = set(ALLOWED)
-# Known exceptions still to remove, each named with its file: the agent lays out a workspace
-# with the evaluator's layout code and templates (to move into the contract package with the
-# evaluator's next GPU-checked change).
-PENDING = {("agent/workspace.py", "evaluator_cuda")}
+# Known exceptions still to remove, each named with its file (none now).
+PENDING: set = set()
 
 
 _LIST_IMPORTS = """
@@ -135,19 +135,20 @@ def test_packages_import_only_in_the_stated_directions():
                 top = module.split(".")[0]
                 if top not in FIRST_PARTY or top == package:
                     continue
-                if module == "cuda_agent.contracts" or module.startswith("cuda_agent.contracts."):
-                    target = "cuda_agent.contracts"
-                else:
-                    target = top
+                target = next((c for c in CONTRACTS if module == c or module.startswith(c + ".")), top)
                 if target not in allowed:
                     found.add((rel, target))
     assert found == PENDING, f"imports against the stated direction: {sorted(found - PENDING)}; fixed, remove from PENDING: {sorted(PENDING - found)}"
 
 
-def test_the_contract_module_needs_only_the_standard_library():
+@pytest.mark.parametrize("name,allowed", [("cuda_agent.contracts", set()), ("cuda_agent.workspace", {"cuda_agent.contracts"})])
+def test_the_contract_modules_need_only_the_standard_library(name, allowed):
     import sys
 
     stdlib = set(sys.stdlib_module_names)
-    contracts_py = REPO / "cuda_agent" / "contracts.py"
-    used = {m.split(".")[0] for m in _imports_of([contracts_py])[contracts_py]}
+    module_py = REPO / (name.replace(".", "/") + ".py")
+    imports = set(_imports_of([module_py])[module_py])
+    first_party = {m for m in imports if m.split(".")[0] == "cuda_agent"}
+    assert first_party <= allowed, first_party
+    used = {m.split(".")[0] for m in imports - first_party}
     assert used <= stdlib | {"__future__"}, used - stdlib

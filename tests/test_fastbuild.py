@@ -620,7 +620,7 @@ def test_fast_and_full_torch_builds_give_identical_outputs(cache, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(solution / "kernels", src / "kernels")
     for name in ("binding.cpp", "binding_registry.h"):
-        shutil.copy(REPO / "evaluator_cuda" / "templates" / name, src / name)
+        shutil.copy(REPO / "cuda_agent" / "templates" / name, src / name)
     full = load(name="cuda_extension", sources=[str(src / "binding.cpp")] + sorted(str(p) for p in (src / "kernels").glob("*.cpp")),
                 extra_cflags=["-O3"], extra_include_paths=[str(src)], build_directory=str(tmp_path), verbose=False)
     result = build_fast(solution, backend="host", cache_dir=cache)

@@ -18,16 +18,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cuda_agent.workspace import TEMPLATES
+
 from ..settings import EvalSettings
 from .flags import CXX_FLAGS, torch_release
-from .sources import TEMPLATES_DIR
 
 
 def pch_folder(settings: EvalSettings) -> Path:
     digest = hashlib.sha256()
     meta = {"torch": torch_release(), "backend": settings.backend, "cxx": CXX_FLAGS, "python": sys.version_info[:2], "compiler": os.environ.get("CXX", "c++")}
     digest.update(json.dumps(meta, sort_keys=True).encode())
-    digest.update((TEMPLATES_DIR / "binding_registry.h").read_bytes())
+    digest.update((TEMPLATES / "binding_registry.h").read_bytes())
     return settings.cache_path() / "pch" / digest.hexdigest()[:24]
 
 
@@ -73,7 +74,7 @@ def make_pch(ninja_file: Path, settings: EvalSettings) -> bool:
         return False
     staging = Path(tempfile.mkdtemp(prefix="pch-", dir=settings.cache_path()))
     try:
-        shutil.copy(TEMPLATES_DIR / "binding_registry.h", staging / "binding_registry.h")
+        shutil.copy(TEMPLATES / "binding_registry.h", staging / "binding_registry.h")
         command = cxx + cflags + ["-x", "c++-header", str(staging / "binding_registry.h"), "-o", str(staging / "binding_registry.h.gch")] + post
         done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=settings.compile_timeout_s, start_new_session=True)
         if done.returncode != 0:

@@ -1,12 +1,12 @@
-"""What goes into a build: the workspace files each backend compiles (one rule for both build
-paths) and the harness files compiled with them, never a workspace copy of those."""
+"""What goes into a build: the workspace files each backend compiles, one rule for both build
+paths. The harness files are always the templates' (cuda_agent/templates), never a workspace copy."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-TEMPLATES_DIR = Path(__file__).parents[1] / "templates"
-HARNESS_FILES = ("binding.cpp", "binding_registry.h")
+from cuda_agent.workspace import HARNESS_FILES
+
 HEADER_SUFFIXES = (".h", ".cuh", ".hpp", ".inl")
 
 

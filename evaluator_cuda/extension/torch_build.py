@@ -1,6 +1,6 @@
 """torch's own build of a workspace solution into the extension module `cuda_extension`.
 
-The harness's own `binding.cpp` and `binding_registry.h` (templates/) are always compiled,
+The harness's own `binding.cpp` and `binding_registry.h` (cuda_agent/templates) are always compiled,
 never a workspace copy, together with the workspace's kernels:
   cuda backend: kernels/*.cu and kernels/*_binding.cpp
   host backend: kernels/*.cpp (plain C++ kernels and their bindings), no CUDA at all
@@ -22,13 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from cuda_agent.workspace import HARNESS_FILES, TEMPLATES
+
 from ..isolation.sandbox import Child, ChildFailed, child_guard
 from ..settings import EvalSettings
 from .diagnostics import parse_compiler_output
 from .flags import CXX_FLAGS, NVCC_FLAGS, torch_release
 from .pch import make_pch, ready_pch
 from .result import BuildResult
-from .sources import HARNESS_FILES, TEMPLATES_DIR
 
 BUILDER_VERSION = "1"
 SO_NAME = "cuda_extension.so"
@@ -48,7 +49,7 @@ def build_key(sources: dict[str, bytes], settings: EvalSettings) -> str:
     }
     digest.update(json.dumps(meta, sort_keys=True).encode())
     for name in HARNESS_FILES:
-        digest.update(name.encode() + b"\0" + (TEMPLATES_DIR / name).read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + (TEMPLATES / name).read_bytes() + b"\0")
     for rel in sorted(sources):
         digest.update(rel.encode() + b"\0" + sources[rel] + b"\0")
     return digest.hexdigest()[:32]
@@ -104,9 +105,9 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
         src = work / "src"
         (src / "kernels").mkdir(parents=True)
         pch = ready_pch(settings)
-        shutil.copy(TEMPLATES_DIR / "binding.cpp", src / "binding.cpp")
+        shutil.copy(TEMPLATES / "binding.cpp", src / "binding.cpp")
         if pch is None:
-            shutil.copy(TEMPLATES_DIR / "binding_registry.h", src / "binding_registry.h")
+            shutil.copy(TEMPLATES / "binding_registry.h", src / "binding_registry.h")
         for rel, data in sources.items():
             target = src / rel
             target.parent.mkdir(parents=True, exist_ok=True)

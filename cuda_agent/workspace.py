@@ -1,12 +1,13 @@
-"""`cuda-agent workspace init TASK DIR`: lay out a fresh CUDA-Agent workspace for one task.
+"""The layout of a CUDA-Agent workspace, shared by the agent and the evaluator: standard library only.
 
     DIR/model.py              the task (read-only)
     DIR/model_new.py          a starting ModelNew with Model's constructor signature
     DIR/kernels/              where the agent's *.cu / *.cpp kernels and *_binding.cpp go
     DIR/binding.cpp, DIR/binding_registry.h   the harness's binding machinery (read-only, for reading;
-                              the evaluator always builds its own copies)
-    DIR/SKILL.md              the rules (reference.md §3)
+                              the evaluator always builds its own copies, from templates/ here)
+    DIR/SKILL.md              the rules (docs/paper.md §3)
 The grader itself (compile/verify/profile) stays in the evaluator, not in the workspace.
+`cuda-agent workspace init TASK DIR` lays one out; the agent makes one per episode.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ import shutil
 import stat
 from pathlib import Path
 
-from .tasks import Task
+from cuda_agent.contracts import WORKSPACE_ENTRY
 
 TEMPLATES = Path(__file__).parent / "templates"
+TASK_FILE = "model.py"
+KERNELS_DIR = "kernels"
+HARNESS_FILES = ("binding.cpp", "binding_registry.h")  # compiled from TEMPLATES, never from a workspace
+SKILL_FILE = "SKILL.md"
+TEMPLATE_FILES = (*HARNESS_FILES, SKILL_FILE)
 READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 
 
@@ -40,9 +46,9 @@ def _signature(source: str, method: str) -> str:
     return "*args" if method == "forward" else ""
 
 
-def starter_model_new(task: Task) -> str:
-    init_args = _signature(task.source, "__init__")
-    forward_args = _signature(task.source, "forward")
+def starter_model_new(task_source: str) -> str:
+    init_args = _signature(task_source, "__init__")
+    forward_args = _signature(task_source, "forward")
     return f'''import torch
 import torch.nn as nn
 
@@ -62,20 +68,20 @@ class ModelNew(nn.Module):
 '''
 
 
-def init_workspace(task: Task, folder: str | Path) -> Path:
-    """Create the workspace; refuses a folder that exists and is not empty."""
+def init_workspace(task_source: str, folder: str | Path) -> Path:
+    """Create the workspace for a task's source; refuses a folder that exists and is not empty."""
     folder = Path(folder)
     if folder.exists() and any(folder.iterdir()):
         raise WorkspaceError(f"workspace {folder} exists and is not empty")
-    (folder / "kernels").mkdir(parents=True, exist_ok=True)
-    (folder / "model.py").write_text(task.source)
-    (folder / "model_new.py").write_text(starter_model_new(task))
-    for name in ("binding.cpp", "binding_registry.h"):
+    (folder / KERNELS_DIR).mkdir(parents=True, exist_ok=True)
+    (folder / TASK_FILE).write_text(task_source)
+    (folder / WORKSPACE_ENTRY).write_text(starter_model_new(task_source))
+    for name in HARNESS_FILES:
         shutil.copy(TEMPLATES / name, folder / name)
-    skill = TEMPLATES / "SKILL.md"
+    skill = TEMPLATES / SKILL_FILE
     if not skill.exists():
-        raise WorkspaceError("the evaluator's templates/SKILL.md is missing from this installation")
-    shutil.copy(skill, folder / "SKILL.md")
-    for name in ("model.py", "binding.cpp", "binding_registry.h", "SKILL.md"):
+        raise WorkspaceError("cuda_agent/templates/SKILL.md is missing from this installation")
+    shutil.copy(skill, folder / SKILL_FILE)
+    for name in (TASK_FILE, *TEMPLATE_FILES):
         os.chmod(folder / name, READ_ONLY)
     return folder
