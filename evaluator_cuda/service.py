@@ -12,15 +12,13 @@ A malformed job gives an infra_error result whose message says what is wrong wit
 
 from __future__ import annotations
 
+from cuda_agent.contracts import JobError
+
 from .roles.errors import one_line
 from .settings import EvalSettings
 from .solutions import SolutionError, solution_from_job
 from .tasks import Task, TaskError, check_task_source
 from .verdict.record import finish, new_record
-
-
-class JobError(Exception):
-    """A job dict that does not have the documented shape."""
 
 
 def _parse_job(job: dict):

@@ -14,18 +14,17 @@ import dataclasses
 import os
 from pathlib import Path
 
+from cuda_agent.contracts import BACKENDS, PAPER_MARGIN
+
 PAPER_CHECKS = 5
 PAPER_ATOL = 1e-2
 PAPER_RTOL = 1e-2
-PAPER_MARGIN = 0.05
 PAPER_WARMUP = 5
 PAPER_TIMED_CALLS = 10
 KERNELBENCH_L2_FLUSH_BYTES = 256 * 1024 * 1024
 H200_PEAK_FLOPS = 848e12  # dense bf16 FLOP/s measured on the lent H200 (reference.md §12)
 H200_PEAK_BANDWIDTH = 4.3e12  # HBM bytes/s measured on the lent H200 (reference.md §12)
 DEFAULT_ARCH_LIST = "9.0"  # Hopper (H100/H200/H20)
-
-BACKENDS = ("cuda", "host")
 
 
 def cache_root() -> Path:

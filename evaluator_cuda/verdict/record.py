@@ -1,24 +1,18 @@
 """The result record of one evaluation: one JSON-serialisable dict.
 
-status:
-  compile_error  the candidate does not build (diagnostics: file, line, message)   reward -1
-  runtime_error  it builds but raises, crashes or hangs while running               reward -1
-  incorrect      it runs but an output differs, or it used forbidden torch compute  reward -1
-  correct        all checks pass                                                  reward 1..3
-  infra_error    the harness failed (a reference/harness process died or hung)    reward None
-  task_error     the task itself is unusable (get_inputs raising, ...)            reward None
-Infrastructure and task failures are never scored -1: they say nothing about the candidate.
+Its statuses, which of them are scored, and the reward rule are the contract module's
+(cuda_agent/contracts.py, docs/evaluation.md). Infrastructure and task failures are never
+scored -1: they say nothing about the candidate (reward None).
 """
 
 from __future__ import annotations
 
 import platform
 
-from .reward import milestone_reward
+from cuda_agent.contracts import Status, is_scored, milestone_reward
 
 RECORD_VERSION = 1
-STATUSES = ("compile_error", "runtime_error", "incorrect", "correct", "infra_error", "task_error")
-SCORED = ("compile_error", "runtime_error", "incorrect", "correct")
+_STATUSES = frozenset(Status)  # a str enum: the plain status strings are members
 
 
 def _project_version() -> str | None:
@@ -58,7 +52,7 @@ def new_record(task_name: str, candidate: str, solution_format: str, settings) -
 
 def finish(record: dict, status: str, message: str = "", diagnostics: list | None = None) -> dict:
     """Set the status and the reward that follows from it (and from the times, when correct)."""
-    if status not in STATUSES:
+    if status not in _STATUSES:
         raise ValueError(f"unknown status {status!r}")
     record["status"] = status
     record["message"] = message
@@ -66,7 +60,7 @@ def finish(record: dict, status: str, message: str = "", diagnostics: list | Non
         record["diagnostics"] = list(diagnostics)
     elif message and status != "correct" and not record["diagnostics"]:
         record["diagnostics"] = [{"file": None, "line": None, "message": message}]
-    if status not in SCORED:
+    if not is_scored(status):
         record["reward"] = None
         return record
     times = record["times_us"]

@@ -29,13 +29,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..sources import HEADER_SUFFIXES, select_sources  # one rule for both build paths
 from ..diagnostics import parse_compiler_output
+from ..flags import CXX_FLAGS, NVCC_FLAGS  # the torch build's flags
+from ..sources import HEADER_SUFFIXES, select_sources  # one rule for both build paths
 from .compile_errors import INCLUDE_DIR, link_gap_reason, shim_gap_reason
 from .toolchain import (
-    CXX_OPT_FLAGS,
     EXTENSION_DEFINES,
-    NVCC_OPT_FLAGS,
     TORCH_NVCC_DEFINES,
     Toolchain,
     ToolchainMissing,
@@ -125,7 +124,7 @@ def slim_headers_digest() -> str:
 
 
 def cxx_flags(toolchain: Toolchain, backend: str) -> list[str]:
-    flags = [f"-std={toolchain.cxx_standard}", *CXX_OPT_FLAGS, "-fPIC", "-fvisibility=hidden"]
+    flags = [f"-std={toolchain.cxx_standard}", *CXX_FLAGS, "-fPIC", "-fvisibility=hidden"]
     flags += [f"-I{INCLUDE_DIR}", *EXTENSION_DEFINES]
     if backend == "cuda":
         flags += [f"-I{toolchain.cuda_include()}", "-DCUDA_AGENT_FAST_CUDA"]
@@ -165,7 +164,7 @@ def ensure_precompiled_header(cache_root: Path, flags: list[str], toolchain: Too
 
 
 def nvcc_flags(toolchain: Toolchain, arch_list: str) -> list[str]:
-    flags = [f"-std={toolchain.cxx_standard}", *NVCC_OPT_FLAGS, *TORCH_NVCC_DEFINES, "-Xcompiler", "-fPIC"]
+    flags = [f"-std={toolchain.cxx_standard}", *NVCC_FLAGS, *TORCH_NVCC_DEFINES, "-Xcompiler", "-fPIC"]
     return flags + [f"-I{INCLUDE_DIR}", *EXTENSION_DEFINES, *arch_flags(arch_list)]
 
 

@@ -18,9 +18,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-DEFAULT_ARCH_LIST = "9.0"  # reference.md §3: Hopper; always explicit (no GPU needed to compile)
-CXX_OPT_FLAGS = ("-O3",)
-NVCC_OPT_FLAGS = ("-O3", "--use_fast_math")
+from ...settings import DEFAULT_ARCH_LIST  # always explicit (no GPU needed to compile)
+
 # torch.utils.cpp_extension.COMMON_NVCC_FLAGS (unchanged since torch 1.x): kept identical so a kernel
 # relying on, say, __half operators fails here exactly as it fails in the torch build.
 TORCH_NVCC_DEFINES = (
