@@ -143,7 +143,7 @@ def exec_task(name: str, source: str, module_name: str = "model") -> dict:
 
 
 def degenerate_reason(outputs: list, rerun, atol: float, rtol: float) -> str | None:
-    """Why a task's reference outputs make a useless benchmark (hacks.md #17, paper §3.2), or None.
+    """Why a task's reference outputs make a useless benchmark (docs/cheats.md #17, docs/paper.md §9), or None.
 
     `outputs`: the reference outputs of several input sets (different seeds); `rerun`: the
     output of the first set computed a second time. Degenerate: random (the rerun disagrees) or

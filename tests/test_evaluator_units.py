@@ -232,17 +232,17 @@ def test_candidate_call_describes_its_output_before_the_host_copy(monkeypatch):
     """The regression behind every honest CUDA kernel judged `incorrect`: the output was copied to
     the host and then described, so a CUDA output was reported as a CPU one. Here the host copy is
     made to land on another device (meta); the description must still be the forward's own."""
-    from evaluator_cuda.roles import candidate as child_candidate
+    from evaluator_cuda.roles import candidate
     from evaluator_cuda.verdict.verify import compare_outputs
 
     class Double(torch.nn.Module):
         def forward(self, x):
             return x * 2
 
-    role = child_candidate.CandidateRole()
+    role = candidate.CandidateRole()
     role.model, role.device, role.block_torch = Double(), "cpu", False
     role.threads_at_start = {t.ident for t in threading.enumerate()}
-    monkeypatch.setattr(child_candidate, "_copy_out", lambda v: v.to("meta"))
+    monkeypatch.setattr(candidate, "_copy_out", lambda v: v.to("meta"))
     reply = role.do_call({"inputs": [torch.arange(4.0)], "poison": 0})
     assert reply["output"].device.type == "meta"
     assert reply["output_meta"] == [CPU]

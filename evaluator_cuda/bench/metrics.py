@@ -1,4 +1,4 @@
-"""Benchmark metrics over one candidate per task (reference.md §10, KernelBench's fast_p).
+"""Benchmark metrics over one candidate per task (docs/paper.md §10, KernelBench's fast_p).
 
 pass rate        correct / all tasks
 faster rate      correct and speed-up > 1, over all tasks (vs eager, vs compile)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# reference.md §3: -O3 for the host compiler, -O3 --use_fast_math for nvcc. The C++ standard is
+# docs/paper.md §3: -O3 for the host compiler, -O3 --use_fast_math for nvcc. The C++ standard is
 # left to torch (C++17 in the CUDA-Agent era, C++20 from torch 2.10 on): forcing -std=c++17
 # after torch's own flag breaks torch's headers on newer releases.
 CXX_FLAGS = ("-O3",)

@@ -1,4 +1,4 @@
-"""Static checks on a candidate's sources: what the runtime guard cannot see (hacks.md #4, #5,
+"""Static checks on a candidate's sources: what the runtime guard cannot see (docs/cheats.md #4, #5,
 #16, #19, #20).
 
 Run in the verdict process before anything is built or imported. Each finding is a short
@@ -10,7 +10,7 @@ reason name plus one line naming the file and the line; any finding rejects the 
   to torch), threads, processes, sockets and ctypes (background work, escaping the sandbox,
   dlsym detours), CUDA streams created from Python, and rebinding any attribute of an imported
   module (`torch.cuda.Event.elapsed_time = ...`, `setattr(torch.cuda, ...)`: patching the
-  timer or the checker, hacks.md #7).
+  timer or the checker, docs/cheats.md #7).
 - C++/CUDA (kernels/*, and load_inline source strings, which live inside the .py): `at::` /
   `torch::` calls other than allocation, metadata and the current stream; threads, fork,
   system/popen; stream creation; L2 persistence windows.

@@ -5,7 +5,7 @@ Two layers, both active around each checked forward call:
   `torch.matmul`, tensor methods, ...) and lets through only allocation, views and metadata;
 - a TorchDispatchMode sees every ATen operator that reaches the dispatcher, including those
   a C++ binding calls (`at::matmul`, `torch::relu`), with the same allow-list at ATen level.
-The paper's harness only replaced `torch.nn.functional`; see hacks.md #16.
+The paper's harness only replaced `torch.nn.functional`; see docs/cheats.md #16.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The build child: compiles one workspace's sources into the `cuda_extension` module.
 
-It runs `torch.utils.cpp_extension.load` (ninja, the flags of reference.md §3) in a
+It runs `torch.utils.cpp_extension.load` (ninja, the flags of docs/paper.md §3) in a
 process of its own, so a hung compiler or a crashing static initialiser hurts nobody.
 """
 

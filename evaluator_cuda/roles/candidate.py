@@ -152,7 +152,7 @@ class CandidateRole:
         under an id), poisoned allocator blocks, L2 flushed, torch compute refused, timed,
         synchronised; the output is copied out at once and the inputs compared with pristine
         copies. A set arrives with its first call, never earlier: no future input is ever in
-        this process (a candidate cannot do the work of later calls ahead, hacks.md #10).
+        this process (a candidate cannot do the work of later calls ahead, docs/cheats.md #10).
         """
         import threading
 

@@ -13,7 +13,7 @@ import statistics
 import time
 
 # Bound once, when the harness is imported and before any candidate code runs: a candidate
-# that later replaces time.perf_counter_ns does not change what the harness reads (hacks.md #7).
+# that later replaces time.perf_counter_ns does not change what the harness reads (docs/cheats.md #7).
 _clock_ns = time.perf_counter_ns
 
 # The CUDA timing functions, bound the same way by bind_cuda_timing() in the candidate child,
@@ -54,12 +54,12 @@ def _driver_persisting_l2_reset():
 
 
 def reset_persisting_l2() -> bool:
-    """Demote every persisting L2 line of the current context to normal (hacks.md #19), so the
+    """Demote every persisting L2 line of the current context to normal (docs/cheats.md #19), so the
     L2 flush that follows evicts them too. True when the driver did it."""
     return bool(_reset_persisting_l2 is not None and _reset_persisting_l2() == 0)
 
 
-# Two poison byte patterns, alternated call by call (hacks.md #1, #14): 0xFF is NaN in every
+# Two poison byte patterns, alternated call by call (docs/cheats.md #1, #14): 0xFF is NaN in every
 # float format; 0x7F gives large finite values (3.4e38 in float32, 0x7F7F in bf16).
 POISON_BYTES = (0xFF, 0x7F)
 HOST_MMAP_THRESHOLD_MAX = 32 * 1024**2  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit

@@ -143,7 +143,7 @@ def relative_error(expected, actual) -> float | None:
 
 
 # Relative error of the whole tensor that an honest kernel of each output dtype stays under;
-# above it the output looks computed at a lower precision (hacks.md #15): bf16 rounding of
+# above it the output looks computed at a lower precision (docs/cheats.md #15): bf16 rounding of
 # float32 values gives ~1e-3, float32 reordering and fast-math ~1e-6.
 PRECISION_BOUNDS = {"float64": 1e-9, "float32": 1e-4, "float16": 5e-3}
 
@@ -177,7 +177,7 @@ def criterion_of(problem: str) -> str:
 def compare_outputs(expected, actual, actual_meta: list[dict], device_type: str, atol: float, rtol: float, norm_rtol: float | None = None) -> str | None:
     """None if `actual` passes against `expected`, else the first problem as one line.
 
-    `norm_rtol`: the scale-aware check on top of atol/rtol (hacks.md #2): the relative error of
+    `norm_rtol`: the scale-aware check on top of atol/rtol (docs/cheats.md #2): the relative error of
     each whole floating tensor, ||actual - expected|| / ||expected||, must not exceed it, so a
     tensor whose true values are all below atol cannot pass as zeros or a constant.
 
@@ -202,7 +202,7 @@ def scale_problem(err: float | None, norm_rtol: float) -> str | None:
 
 def outputs_ignore_inputs(expected_sets: list, actual_sets: list) -> bool:
     """True when the reference outputs differ between input sets but the candidate's are all
-    identical (an output that does not depend on its inputs, hacks.md #2)."""
+    identical (an output that does not depend on its inputs, docs/cheats.md #2)."""
     import torch
 
     def flat(value) -> list:

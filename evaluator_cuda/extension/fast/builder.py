@@ -174,7 +174,7 @@ def link_libraries(toolchain: Toolchain, backend: str, sources: dict[str, bytes]
     lib = toolchain.cuda_lib()
     libs = [f"-L{lib}", f"-Wl,-rpath,{lib}", "-lcudart"]
     if any(b"cublas" in data for data in sources.values()):
-        libs.append("-lcublas")  # reference.md §3: cuBLAS is allowed for GEMMs
+        libs.append("-lcublas")  # docs/paper.md §3: cuBLAS is allowed for GEMMs
     return libs
 
 

@@ -1,7 +1,7 @@
 """The compilers and flags of the fast build path, found once per process.
 
 The fast path compiles with the same flags as the torch build the CUDA-Agent harness uses
-(reference.md §3: host `-O3`, nvcc `-O3 --use_fast_math`, torch's own nvcc defines, the C++
+(docs/paper.md §3: host `-O3`, nvcc `-O3 --use_fast_math`, torch's own nvcc defines, the C++
 standard of the installed torch, the arch list from TORCH_CUDA_ARCH_LIST), so a kernel that
 compiles one way compiles the other. Nothing here imports torch: a cached build must stay a
 hash lookup (≤ 0.3 s).
