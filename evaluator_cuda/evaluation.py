@@ -36,7 +36,8 @@ from .verdict.fault import (CUDA_ERROR_MARKERS, Verdict, candidate_failure, outp
                             reply)
 from .verdict.record import finish, new_record
 from .verdict.schedule import CallRequests, call_schedule
-from .verdict.verify import compare_outputs, criterion_of, outputs_ignore_inputs, relative_error, scale_problem, tolerances
+from .verdict.verify import (compare_outputs, criterion_of, outputs_ignore_inputs, relative_error, scale_problem,
+                             tolerances)
 
 # The next evaluation's children, warming in the background (see sandbox.StandbySlots). Off
 # unless a long-lived caller (a bridge worker, a benchmark of many tasks) turns it on: a
@@ -85,7 +86,7 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
         _evaluate(task, solution, settings, artifact, record, slot)
     except Verdict as verdict:
         if verdict.status == "runtime_error" and any(m in verdict.message for m in CUDA_ERROR_MARKERS):
-            record["needs_recycle"] = True  # the candidate child is discarded; a worker sharing a GPU context should restart
+            record["needs_recycle"] = True  # the candidate child is discarded; a worker sharing its GPU should restart
         if verdict.rejected:
             record["rejected"] = verdict.rejected
         finish(record, verdict.status, verdict.message, verdict.diagnostics)
@@ -377,12 +378,13 @@ def _judge_outputs(calls: _Calls, expected: _Expected, settings: EvalSettings, r
     if outputs_ignore_inputs(*checked):
         record["failed_criterion"] = "constant_output"
         raise rejection("constant_output", "the output does not change when the inputs change")
-    record["checked_calls"] = {"checks": len(expected.checks), "timed": len(expected.timed), "calls": len(calls.schedule)}
+    record["checked_calls"] = {"checks": len(expected.checks), "timed": len(expected.timed),
+                               "calls": len(calls.schedule)}
     record["precision"] = precision(expected.at[expected.checks[0]] if expected.checks else None, worst_error)
     if record["precision"]["downgrade_suspected"] and settings.reject_precision_downgrade:
         bound = record["precision"]["bound"]
-        raise rejection("precision_downgrade",
-                        f"relative error {worst_error:.3g} exceeds the {bound:g} an honest kernel of this dtype reaches")
+        message = f"relative error {worst_error:.3g} exceeds the {bound:g} an honest kernel of this dtype reaches"
+        raise rejection("precision_downgrade", message)
 
 
 def _compare(calls: _Calls, expected: _Expected, settings: EvalSettings) -> tuple[float | None, tuple | None]:

@@ -46,19 +46,23 @@ def compile_job(job: dict) -> dict:
     try:
         task, solution, settings = _parse_job(job)
     except JobError as exc:
-        return {"status": "infra_error", "diagnostics": [{"file": None, "line": None, "message": f"bad job: {exc}"}], "artifact": None, "build_seconds": 0.0, "cache_hit": False}
+        return {"status": "infra_error", "diagnostics": [{"file": None, "line": None, "message": f"bad job: {exc}"}],
+                "artifact": None, "build_seconds": 0.0, "cache_hit": False}
     if solution.format != "workspace":
         # KernelBench files build themselves at import (load_inline); evaluate_job compiles them.
         return {"status": "built", "diagnostics": [], "artifact": None, "build_seconds": 0.0, "cache_hit": False}
     try:
         result = build_workspace(solution.files, settings)
     except Exception as exc:
-        return {"status": "infra_error", "diagnostics": [{"file": None, "line": None, "message": f"harness error: {one_line(exc)}"}], "artifact": None, "build_seconds": 0.0, "cache_hit": False}
+        diagnostics = [{"file": None, "line": None, "message": f"harness error: {one_line(exc)}"}]
+        return {"status": "infra_error", "diagnostics": diagnostics, "artifact": None, "build_seconds": 0.0,
+                "cache_hit": False}
     artifact = None
     if result.status == "built":
         with open(result.so_path, "rb") as handle:
             artifact = handle.read()
-    return {"status": result.status, "diagnostics": result.diagnostics, "artifact": artifact, "build_seconds": result.build_seconds, "cache_hit": result.cache_hit}
+    return {"status": result.status, "diagnostics": result.diagnostics, "artifact": artifact,
+            "build_seconds": result.build_seconds, "cache_hit": result.cache_hit}
 
 
 def evaluate_job(job: dict) -> dict:
@@ -68,7 +72,8 @@ def evaluate_job(job: dict) -> dict:
     try:
         task, solution, settings = _parse_job(job)
     except JobError as exc:
-        record = new_record(str((job.get("task") or {}).get("name", "?")) if isinstance(job, dict) else "?", "?", "?", EvalSettings())
+        record = new_record(str((job.get("task") or {}).get("name", "?")) if isinstance(job, dict) else "?", "?", "?",
+                            EvalSettings())
         return finish(record, "infra_error", f"bad job: {exc}")
     try:
         check_task_source(task.name, task.source)

@@ -60,7 +60,8 @@ class EvalSettings:
     child_max_processes: int = 256  # RLIMIT_NPROC above the user's current count (not enforced for root)
     child_cpu_seconds: int = 3600  # RLIMIT_CPU of a child
     isolate_network: bool = True  # children in a network namespace when `unshare -n` works
-    fast_build: bool = True  # evaluator_cuda.extension.fast first (slim headers, ~1 s); the torch build when it cannot decide
+    # evaluator_cuda.extension.fast first (slim headers, ~1 s); the torch build when it cannot decide
+    fast_build: bool = True
 
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else cache_root()

@@ -70,7 +70,9 @@ def _level_key(path: Path) -> tuple:
 
 
 def _folder_sources(folder: Path) -> list[tuple[str, str, str]]:
-    files = [p for p in folder.rglob("*.py") if p.name != "__init__.py" and not any(part.startswith((".", "_")) for part in p.relative_to(folder).parts)]
+    hidden = (".", "_")
+    files = [p for p in folder.rglob("*.py")
+             if p.name != "__init__.py" and not any(part.startswith(hidden) for part in p.relative_to(folder).parts)]
     out = []
     for path in sorted(files, key=lambda p: _level_key(p.relative_to(folder))):
         name = path.relative_to(folder).with_suffix("").as_posix()
@@ -164,6 +166,9 @@ def degenerate_reason(outputs: list, rerun, atol: float, rtol: float) -> str | N
     sets = [tensors(o) for o in outputs]
     if not sets or not sets[0] or any(len(t) != len(sets[0]) for t in sets):
         return None
-    if len(sets) > 1 and all(all(a.shape == b.shape and bool(torch.equal(a, b)) for a, b in zip(ts, sets[0])) for ts in sets[1:]):
+    def same_as_first(ts) -> bool:
+        return all(a.shape == b.shape and bool(torch.equal(a, b)) for a, b in zip(ts, sets[0]))
+
+    if len(sets) > 1 and all(same_as_first(ts) for ts in sets[1:]):
         return "the output does not depend on the inputs"
     return None

@@ -46,5 +46,6 @@ def bench_metrics(records: list[dict]) -> dict:
         out[f"fast_p_vs_{baseline}"] = {str(p): fast_p(records, baseline, p) for p in FAST_P_THRESHOLDS}
     rewards = [r["reward"] for r in records if r.get("reward") is not None]
     out["mean_reward"] = sum(rewards) / len(rewards) if rewards else None
-    out["statuses"] = {s: sum(1 for r in records if r.get("status") == s) for s in sorted({r.get("status") for r in records})}
+    statuses = sorted({r.get("status") for r in records})
+    out["statuses"] = {s: sum(1 for r in records if r.get("status") == s) for s in statuses}
     return out

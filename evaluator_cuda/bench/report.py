@@ -55,7 +55,8 @@ def summary_rows(metrics: dict) -> list[tuple[str, str, str]]:
         ("geomean speed-up", _x(metrics["geomean_speedup_vs_eager"]), _x(metrics["geomean_speedup_vs_compile"])),
     ]
     for p in FAST_P_THRESHOLDS:
-        rows.append((f"fast_{p:g}", _pct(metrics["fast_p_vs_eager"][str(p)]), _pct(metrics["fast_p_vs_compile"][str(p)])))
+        rows.append((f"fast_{p:g}", _pct(metrics["fast_p_vs_eager"][str(p)]),
+                     _pct(metrics["fast_p_vs_compile"][str(p)])))
     return rows
 
 
@@ -108,7 +109,8 @@ def plot_speedups(records: list[dict], path: Path) -> Path | None:
 
 def markdown_report(records: list[dict], metrics: dict, meta: dict, plot_name: str | None) -> str:
     lines = [f"# Kernel benchmark: {meta.get('tasks_path', '')}", ""]
-    lines.append(f"Backend `{meta.get('backend')}` on {meta.get('device') or 'unknown device'}; torch {meta.get('torch')}; "
+    lines.append(f"Backend `{meta.get('backend')}` on {meta.get('device') or 'unknown device'}; "
+                 f"torch {meta.get('torch')}; "
                  f"solutions: {meta.get('solutions') or 'none (harness self-check: the reference is the candidate)'}.")
     lines.append("")
     lines.append("| metric | vs eager | vs compile |")
@@ -122,18 +124,21 @@ def markdown_report(records: list[dict], metrics: dict, meta: dict, plot_name: s
     if failures:
         lines += ["", "## Failures", ""]
         for r in failures:
-            lines.append(f"- **{r.get('candidate')}** ({r.get('status')}): {(r.get('message') or '').splitlines()[0] if r.get('message') else ''}")
+            first_line = (r.get('message') or '').splitlines()[0] if r.get('message') else ''
+            lines.append(f"- **{r.get('candidate')}** ({r.get('status')}): {first_line}")
     if plot_name:
         lines += ["", f"![per-task speed-ups]({plot_name})"]
     lines.append("")
     return "\n".join(lines)
 
 
-def write_reports(out_dir: Path, records: list[dict], main_records: list[dict], metrics: dict, meta: dict, problems: list[str]) -> dict:
+def write_reports(out_dir: Path, records: list[dict], main_records: list[dict], metrics: dict, meta: dict,
+                  problems: list[str]) -> dict:
     """Write report.json, report.md and speedups.png under out_dir; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "report.json"
-    json_path.write_text(json.dumps({"meta": meta, "metrics": metrics, "task_problems": problems, "records": records}, indent=1, default=str))
+    json_path.write_text(json.dumps({"meta": meta, "metrics": metrics, "task_problems": problems, "records": records},
+                                    indent=1, default=str))
     plot = plot_speedups(main_records, out_dir / "speedups.png")
     md_path = out_dir / "report.md"
     md_path.write_text(markdown_report(records, metrics, meta, plot.name if plot else None))

@@ -57,10 +57,12 @@ def _one_line_result(done: int, total: int, record: dict) -> str:
     speedup = record.get("speedup", {}).get("eager")
     extra = f", {speedup:.2f}x eager" if isinstance(speedup, (int, float)) else ""
     message = f": {record['message'][:100]}" if record["status"] != "correct" and record.get("message") else ""
-    return f"[{done}/{total}] {record['candidate']}: {record['status']}, reward {record['reward']}{extra} ({record['wall_s']['total']:.1f} s){message}"
+    return (f"[{done}/{total}] {record['candidate']}: {record['status']}, reward {record['reward']}{extra} "
+            f"({record['wall_s']['total']:.1f} s){message}")
 
 
-def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings: EvalSettings, out_dir: Path, console=None) -> BenchResult:
+def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings: EvalSettings, out_dir: Path,
+              console=None) -> BenchResult:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -81,7 +83,8 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
     plan = plan_candidates(task_set.tasks, solutions_path, settings.backend)
     records, main_records, bad_tasks = [], [], set()
     # With more than one evaluation, each next one's children start warming while the last ends.
-    with children_kept_warm(len(plan) > 1), Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=False) as progress:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with children_kept_warm(len(plan) > 1), Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("evaluating", total=len(plan))
         for task, path, is_main in plan:
             if task.name in bad_tasks:
@@ -91,7 +94,8 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
             if path is None:
                 record = evaluate(task, reference_solution(task.stem), settings)
             elif path == "missing":
-                record = finish(new_record(task.name, task.stem, "none", settings), "compile_error", f"no solution for task {task.name} in {solutions_path}")
+                record = finish(new_record(task.name, task.stem, "none", settings), "compile_error",
+                                f"no solution for task {task.name} in {solutions_path}")
             else:
                 try:
                     solution = read_solution(path)
@@ -102,12 +106,14 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
             progress.advance(bar)
             if record["status"] == "task_error":
                 bad_tasks.add(task.name)
-                line = record["message"] if record["message"].startswith("task ") else f"task {task.name}: {record['message']}"
+                line = record["message"]
+                line = line if line.startswith("task ") else f"task {task.name}: {line}"
                 problems.append(line)
                 progress.console.print(f"[red]{line}[/red]", highlight=False)
                 continue
             records.append(record)
-            progress.console.print(_one_line_result(len(records) + len(bad_tasks), len(plan), record), highlight=False, markup=False)
+            progress.console.print(_one_line_result(len(records) + len(bad_tasks), len(plan), record), highlight=False,
+                                   markup=False)
             if is_main:
                 main_records.append(record)
     metrics = bench_metrics(main_records)
@@ -124,5 +130,6 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
     }
     print_tables(console, records, metrics)
     paths = write_reports(out_dir, records, main_records, metrics, meta, problems)
-    console.print(f"reports: {paths['json']}  {paths['markdown']}" + (f"  {paths['plot']}" if paths["plot"] else ""), highlight=False)
+    console.print(f"reports: {paths['json']}  {paths['markdown']}" + (f"  {paths['plot']}" if paths["plot"] else ""),
+                  highlight=False)
     return BenchResult(records, main_records, metrics, problems, paths, time.perf_counter() - begin)

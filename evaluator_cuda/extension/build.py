@@ -22,7 +22,8 @@ def build_workspace(files: dict[str, bytes], settings: EvalSettings) -> BuildRes
     """Compile a workspace's kernels (relpath -> bytes) into cuda_extension; cached by content hash."""
     sources = select_sources(files, settings.backend)
     if not any(Path(r).name.endswith("_binding.cpp") for r in sources):
-        diag = [{"file": "kernels/", "line": None, "message": "no kernels/*_binding.cpp: nothing registers a function with REGISTER_BINDING"}]
+        diag = [{"file": "kernels/", "line": None,
+                 "message": "no kernels/*_binding.cpp: nothing registers a function with REGISTER_BINDING"}]
         return BuildResult("compile_error", diag, None, 0.0, False)
     if settings.fast_build:
         fast = _fast_build(files, settings)
@@ -53,12 +54,16 @@ def _fast_build(files: dict[str, bytes], settings: EvalSettings) -> BuildResult 
         return result
     begin = time.perf_counter()
     try:
-        with tempfile.TemporaryDirectory(prefix="runtime-") as scratch, Child("build", Path(scratch), env=build_env(settings), guard=child_guard(settings)) as child:
-            reply = child.request({"cmd": "runtime", "cache_dir": str(fast_build_dir(settings))}, timeout=settings.compile_timeout_s)
+        with tempfile.TemporaryDirectory(prefix="runtime-") as scratch, \
+                Child("build", Path(scratch), env=build_env(settings), guard=child_guard(settings)) as child:
+            reply = child.request({"cmd": "runtime", "cache_dir": str(fast_build_dir(settings))},
+                                  timeout=settings.compile_timeout_s)
     except ChildFailed as exc:
-        return BuildResult("infra_error", [{"file": None, "line": None, "message": f"binding runtime: {exc}"}], None, result.build_seconds, False, result.key)
+        return BuildResult("infra_error", [{"file": None, "line": None, "message": f"binding runtime: {exc}"}], None,
+                           result.build_seconds, False, result.key)
     if not reply.get("ok"):
-        return BuildResult("infra_error", [{"file": None, "line": None, "message": f"binding runtime: {reply.get('message')}"}], None, result.build_seconds, False, result.key)
+        diag = [{"file": None, "line": None, "message": f"binding runtime: {reply.get('message')}"}]
+        return BuildResult("infra_error", diag, None, result.build_seconds, False, result.key)
     result.build_seconds += time.perf_counter() - begin
     _RUNTIME_READY.add(str(fast_build_dir(settings)))
     return result

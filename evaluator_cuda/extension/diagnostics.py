@@ -12,7 +12,8 @@ import re
 
 _GCC = re.compile(r"^(?P<file>[^\s:][^:]*?):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?:fatal )?error:\s*(?P<msg>.*)$")
 _NVCC = re.compile(r"^(?P<file>[^\s(][^(]*?)\((?P<line>\d+)\):\s*(?:catastrophic )?error:?\s*(?P<msg>.*)$")
-_OTHER = re.compile(r"(undefined reference to .*|undefined symbol: .*|multiple definition of .*|ld returned .*|error: .*)")
+_OTHER = re.compile(
+    r"(undefined reference to .*|undefined symbol: .*|multiple definition of .*|ld returned .*|error: .*)")
 
 
 def _relative(path: str, roots: list[str]) -> str:
@@ -36,7 +37,8 @@ def parse_compiler_output(text: str, roots: list[str] | None = None, limit: int 
         line = raw.strip()
         match = _GCC.match(line) or _NVCC.match(line)
         if match:
-            item = {"file": _relative(match["file"], roots), "line": int(match["line"]), "message": match["msg"].strip()}
+            item = {"file": _relative(match["file"], roots), "line": int(match["line"]),
+                    "message": match["msg"].strip()}
         else:
             other = _OTHER.search(line)
             if not other or line.startswith(("FAILED:", "ninja:")):
@@ -50,5 +52,6 @@ def parse_compiler_output(text: str, roots: list[str] | None = None, limit: int 
             break
     if not found:
         lines = [l.strip() for l in text.splitlines() if l.strip()]
-        found.append({"file": None, "line": None, "message": lines[-1][:500] if lines else "build failed without output"})
+        found.append({"file": None, "line": None,
+                      "message": lines[-1][:500] if lines else "build failed without output"})
     return found

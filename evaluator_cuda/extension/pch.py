@@ -26,7 +26,8 @@ from .flags import CXX_FLAGS, torch_release
 
 def pch_folder(settings: EvalSettings) -> Path:
     digest = hashlib.sha256()
-    meta = {"torch": torch_release(), "backend": settings.backend, "cxx": CXX_FLAGS, "python": sys.version_info[:2], "compiler": os.environ.get("CXX", "c++")}
+    meta = {"torch": torch_release(), "backend": settings.backend, "cxx": CXX_FLAGS, "python": sys.version_info[:2],
+            "compiler": os.environ.get("CXX", "c++")}
     digest.update(json.dumps(meta, sort_keys=True).encode())
     digest.update((TEMPLATES / "binding_registry.h").read_bytes())
     return settings.cache_path() / "pch" / digest.hexdigest()[:24]
@@ -75,8 +76,10 @@ def make_pch(ninja_file: Path, settings: EvalSettings) -> bool:
     staging = Path(tempfile.mkdtemp(prefix="pch-", dir=settings.cache_path()))
     try:
         shutil.copy(TEMPLATES / "binding_registry.h", staging / "binding_registry.h")
-        command = cxx + cflags + ["-x", "c++-header", str(staging / "binding_registry.h"), "-o", str(staging / "binding_registry.h.gch")] + post
-        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=settings.compile_timeout_s, start_new_session=True)
+        command = cxx + cflags + ["-x", "c++-header", str(staging / "binding_registry.h"), "-o",
+                                  str(staging / "binding_registry.h.gch")] + post
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=settings.compile_timeout_s, start_new_session=True)
         if done.returncode != 0:
             return False
         try:

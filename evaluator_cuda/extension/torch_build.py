@@ -112,7 +112,8 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
             target = src / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        compiled = [str(src / "binding.cpp")] + [str(src / r) for r in sorted(sources) if Path(r).suffix in (".cpp", ".cu")]
+        units = [r for r in sorted(sources) if Path(r).suffix in (".cpp", ".cu")]
+        compiled = [str(src / "binding.cpp")] + [str(src / r) for r in units]
         request = {
             "cmd": "build",
             "sources": compiled,
@@ -128,7 +129,8 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
         except ChildFailed as exc:
             seconds = time.perf_counter() - begin
             if exc.kind == "timeout":
-                diag = [{"file": None, "line": None, "message": f"compilation exceeded the {settings.compile_timeout_s:.0f} s compile timeout"}]
+                diag = [{"file": None, "line": None,
+                         "message": f"compilation exceeded the {settings.compile_timeout_s:.0f} s compile timeout"}]
                 return BuildResult("compile_error", diag, None, seconds, False, key, exc.log_tail)
             diag = [{"file": None, "line": None, "message": str(exc)}]
             return BuildResult("infra_error", diag, None, seconds, False, key, exc.log_tail)
@@ -136,7 +138,8 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
         if not reply.get("ok"):
             text = reply.get("detail") or reply.get("message", "")
             if reply.get("kind") != "compile":
-                return BuildResult("infra_error", [{"file": None, "line": None, "message": reply.get("message", "")}], None, seconds, False, key, text)
+                return BuildResult("infra_error", [{"file": None, "line": None, "message": reply.get("message", "")}],
+                                   None, seconds, False, key, text)
             diag = parse_compiler_output(text, roots=[str(src)] + ([str(pch.parent)] if pch else []))
             _publish(work, entry, failure={"diagnostics": diag, "log": text[-20000:]})
             return BuildResult("compile_error", diag, None, seconds, False, key, text)

@@ -62,7 +62,8 @@ def _user_task_count() -> int:
     return count
 
 
-def limit_resources(file_size_limit: int, open_files_limit: int, memory_bytes: int = 0, extra_processes: int = 0, cpu_seconds: int = 0) -> None:
+def limit_resources(file_size_limit: int, open_files_limit: int, memory_bytes: int = 0, extra_processes: int = 0,
+                    cpu_seconds: int = 0) -> None:
     """Applied by the child to itself first thing, before any candidate code can run
     (not a preexec_fn: the parent may be multi-threaded). 0 leaves a limit unset."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -103,14 +104,21 @@ def protections(memory_bytes: int | None, extra_processes: int, cpu_seconds: int
     prefix = network_namespace_prefix() if isolate_network else []
     return {
         "process_group": True,
-        "network": ("namespace (" + " ".join(prefix[:-1]) + ")") if prefix else ("not isolated: unshare unavailable" if isolate_network else "not isolated: disabled"),
+        "network": _network_protection(prefix, isolate_network),
         "memory_bytes": memory_bytes or None,
-        "extra_processes": extra_processes if os.getuid() != 0 else f"{extra_processes} (not enforced: running as root)",
+        "extra_processes": (extra_processes if os.getuid() != 0
+                            else f"{extra_processes} (not enforced: running as root)"),
         "cpu_seconds": cpu_seconds,
         "file_size_bytes": DEFAULT_FILE_SIZE_LIMIT,
         "solution_read_only": "by permissions" + (" (not enforced: running as root)" if os.getuid() == 0 else ""),
         "command_prefix": prefix,
     }
+
+
+def _network_protection(prefix: list[str], isolate_network: bool) -> str:
+    if prefix:
+        return "namespace (" + " ".join(prefix[:-1]) + ")"
+    return "not isolated: unshare unavailable" if isolate_network else "not isolated: disabled"
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -148,7 +156,9 @@ class Child:
         guard = guard or {}
         procs = guard.get("extra_processes") or 0
         procs = procs if isinstance(procs, int) else 0
-        child_env[LIMITS_ENV] = f"{file_size_limit},{DEFAULT_OPEN_FILES_LIMIT},{guard.get('memory_bytes') or 0},{procs},{guard.get('cpu_seconds') or 0}"
+        limits = (file_size_limit, DEFAULT_OPEN_FILES_LIMIT, guard.get("memory_bytes") or 0, procs,
+                  guard.get("cpu_seconds") or 0)
+        child_env[LIMITS_ENV] = ",".join(str(limit) for limit in limits)
         child_env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
         self._log = open(self.log_path, "ab")
         try:
@@ -325,7 +335,8 @@ class EvaluationSlot:
         warm_env = {**env, WARM_ENV: device_type}
         self.reference = Child("reference", self.workdir, env={**warm_env, SLOT_DIR_ENV: str(self.workdir)})
         try:
-            self.candidate = Child("candidate", self.workdir / "solution", env=warm_env, log_name="../candidate.log", guard=guard)
+            self.candidate = Child("candidate", self.workdir / "solution", env=warm_env, log_name="../candidate.log",
+                                   guard=guard)
         except BaseException:
             self.reference.close()
             raise
@@ -390,7 +401,8 @@ class StandbySlots:
 
     def give_back(self, slot: EvaluationSlot) -> None:
         """Keep an unused slot as the standby (an evaluation that ended before its children ran)."""
-        leftovers = [p for p in slot.workdir.iterdir() if p.name not in ("solution", "reference.log", "candidate.log")] if slot.workdir.exists() else []
+        expected = ("solution", "reference.log", "candidate.log")
+        leftovers = [p for p in slot.workdir.iterdir() if p.name not in expected] if slot.workdir.exists() else []
         if slot.used or leftovers or any(slot.workdir.joinpath("solution").iterdir()) or not slot.alive():
             slot.close()
             return

@@ -33,13 +33,18 @@ ALLOWED_TORCH_CPP_CALLS = frozenset(
 
 _CPP_TORCH_CALL = re.compile(r"\b(?:at|torch|c10)::((?:\w+::)*)(\w+)\s*(?:<[^<>;]*>)?\s*\(")
 _CPP_FORBIDDEN = [
-    (re.compile(r"\bstd::(?:thread|async|jthread)\b|\bpthread_create\b|#\s*include\s*<thread>"), "threads", "starts a thread"),
-    (re.compile(r"\b(?:fork|vfork|system|popen|execv|execve|execvp|posix_spawn)\s*\("), "processes", "starts a process"),
-    (re.compile(r"\bcudaStreamCreate\w*\b|\bgetStreamFromPool\b|\bcudaStreamPerThread\b|\bcudaStreamLegacy\b"), "side_stream", "creates or uses a side stream"),
-    (re.compile(r"\bcudaAccessPolicyWindow\b|\baccessPolicyWindow\b|\bcudaLimitPersistingL2CacheSize\b|\bcudaStreamAttributeAccessPolicyWindow\b"), "persisting_l2", "sets an L2 persistence window"),
+    (re.compile(r"\bstd::(?:thread|async|jthread)\b|\bpthread_create\b|#\s*include\s*<thread>"), "threads",
+     "starts a thread"),
+    (re.compile(r"\b(?:fork|vfork|system|popen|execv|execve|execvp|posix_spawn)\s*\("), "processes",
+     "starts a process"),
+    (re.compile(r"\bcudaStreamCreate\w*\b|\bgetStreamFromPool\b|\bcudaStreamPerThread\b|\bcudaStreamLegacy\b"),
+     "side_stream", "creates or uses a side stream"),
+    (re.compile(r"\bcudaAccessPolicyWindow\b|\baccessPolicyWindow\b|\bcudaLimitPersistingL2CacheSize\b"
+                r"|\bcudaStreamAttributeAccessPolicyWindow\b"), "persisting_l2", "sets an L2 persistence window"),
     (re.compile(r"\bdlsym\b|\bdlopen\b|\bLD_PRELOAD\b"), "detour", "loads or looks up symbols at run time"),
     (re.compile(r"\bsocket\s*\(|\bconnect\s*\("), "network", "opens a socket"),
-    (re.compile(r"\bPyImport_\w+|\bPyObject_SetAttr\w*|\bPyRun_\w+|\bmodule_?::import\b|\bpy::eval\b|\bpy::exec\b"), "harness", "reaches into the Python interpreter"),
+    (re.compile(r"\bPyImport_\w+|\bPyObject_SetAttr\w*|\bPyRun_\w+|\bmodule_?::import\b|\bpy::eval\b|\bpy::exec\b"),
+     "harness", "reaches into the Python interpreter"),
 ]
 
 _FORBIDDEN_MODULES = {
@@ -52,7 +57,8 @@ _FORBIDDEN_CALLS = {"__import__": "introspection", "eval": "introspection", "exe
                     "compile": "introspection", "globals": "introspection", "vars": "introspection",
                     "setattr": "monkeypatch", "delattr": "monkeypatch"}
 _FORBIDDEN_ATTRS = {("os", "fork"): "processes", ("os", "system"): "processes", ("os", "popen"): "processes",
-                    ("os", "forkpty"): "processes", ("cuda", "Stream"): "side_stream", ("cuda", "stream"): "side_stream",
+                    ("os", "forkpty"): "processes", ("cuda", "Stream"): "side_stream",
+                    ("cuda", "stream"): "side_stream",
                     ("cuda", "ExternalStream"): "side_stream", ("sys", "_getframe"): "introspection",
                     ("sys", "modules"): "introspection", ("os", "write"): "channel", ("os", "dup2"): "channel",
                     ("os", "fdopen"): "channel", ("os", "open"): "channel", ("os", "kill"): "processes"}
@@ -79,7 +85,8 @@ def _root_name(node: ast.expr) -> str | None:
 
 def _patched_targets(node: ast.AST) -> list[ast.expr]:
     if isinstance(node, ast.Assign):
-        return [t for target in node.targets for t in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])]
+        unpacked = (ast.Tuple, ast.List)
+        return [t for target in node.targets for t in (target.elts if isinstance(target, unpacked) else [target])]
     if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
         return [node.target]
     if isinstance(node, ast.Delete):
@@ -111,7 +118,10 @@ def check_cpp_source(name: str, text: str) -> list[Finding]:
     for lineno, line in enumerate(code.splitlines(), 1):
         for match in _CPP_TORCH_CALL.finditer(line):
             if match.group(2) not in ALLOWED_TORCH_CPP_CALLS and not match.group(2).startswith(("k", "TORCH_")):
-                findings.append(Finding(("torch_compute_cpp", f"{name}:{lineno}: {match.group(0).rstrip('(').strip()} is not allowed: torch compute in C++ (only allocation such as torch::empty_like)")))
+                call = match.group(0).rstrip('(').strip()
+                message = (f"{name}:{lineno}: {call} is not allowed: "
+                           "torch compute in C++ (only allocation such as torch::empty_like)")
+                findings.append(Finding(("torch_compute_cpp", message)))
         for pattern, reason, what in _CPP_FORBIDDEN:
             if pattern.search(line):
                 findings.append(Finding((reason, f"{name}:{lineno}: {what} ({line.strip()[:80]})")))
@@ -136,18 +146,21 @@ def check_python_source(name: str, text: str) -> list[Finding]:
             # `torch.cuda.Event.elapsed_time = ...`, `time.perf_counter = ...`: rebinding what a
             # module (the harness's too) looks up; the candidate's own objects (self.x = ...) are fine.
             if isinstance(target, (ast.Attribute, ast.Subscript)) and _root_name(target) in modules:
-                findings.append(Finding(("monkeypatch", f"{name}:{line}: assigns to {ast.unparse(target)[:80]} (patching a module)")))
+                findings.append(Finding(("monkeypatch",
+                                         f"{name}:{line}: assigns to {ast.unparse(target)[:80]} (patching a module)")))
         if isinstance(node, ast.Import):
             for alias in node.names:
                 top = alias.name.split(".")[0]
                 if top in REFERENCE_MODULES:
-                    findings.append(Finding(("reference_import", f"{name}:{line}: imports the reference module {alias.name!r}")))
+                    findings.append(Finding(("reference_import",
+                                             f"{name}:{line}: imports the reference module {alias.name!r}")))
                 elif top in _FORBIDDEN_MODULES:
                     findings.append(Finding((_FORBIDDEN_MODULES[top], f"{name}:{line}: imports {alias.name}")))
         elif isinstance(node, ast.ImportFrom):
             top = (node.module or "").split(".")[0]
             if top in REFERENCE_MODULES:
-                findings.append(Finding(("reference_import", f"{name}:{line}: imports from the reference module {node.module!r}")))
+                findings.append(Finding(("reference_import",
+                                         f"{name}:{line}: imports from the reference module {node.module!r}")))
             elif top in _FORBIDDEN_MODULES:
                 findings.append(Finding((_FORBIDDEN_MODULES[top], f"{name}:{line}: imports from {node.module}")))
             elif top == "os" and any(a.name in ("fork", "system", "popen", "forkpty") for a in node.names):
@@ -161,16 +174,19 @@ def check_python_source(name: str, text: str) -> list[Finding]:
                 findings.append(Finding((reason, f"{name}:{line}: uses {owner}.{node.attr}")))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) > 40:
             for finding in check_cpp_source(name, node.value):
-                findings.append(Finding((finding.reason, finding.message.replace(f"{name}:", f"{name} (string at line {line}), line ", 1))))
+                message = finding.message.replace(f"{name}:", f"{name} (string at line {line}), line ", 1)
+                findings.append(Finding((finding.reason, message)))
     model_new = _model_new_class(tree)
     if model_new is not None:
         for base in model_new.bases:
             base_name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
             if base_name == "Model":
-                findings.append(Finding(("inherits_reference", f"{name}:{model_new.lineno}: ModelNew inherits the reference Model")))
+                findings.append(Finding(("inherits_reference",
+                                         f"{name}:{model_new.lineno}: ModelNew inherits the reference Model")))
         for node in ast.walk(model_new):
             if isinstance(node, ast.Try):
-                findings.append(Finding(("fallback", f"{name}:{node.lineno}: try/except inside ModelNew (a fallback path is not allowed)")))
+                message = f"{name}:{node.lineno}: try/except inside ModelNew (a fallback path is not allowed)"
+                findings.append(Finding(("fallback", message)))
     return findings
 
 

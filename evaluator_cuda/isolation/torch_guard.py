@@ -74,14 +74,17 @@ def _build_modes():
             else:
                 allowed = name.rsplit(".", 1)[-1] in ALLOWED_PYTHON
             if not allowed:
-                raise ForbiddenTorchCompute(f"{name} is not allowed while the candidate runs (torch compute outside the extension)")
+                raise ForbiddenTorchCompute(
+                    f"{name} is not allowed while the candidate runs (torch compute outside the extension)")
             return func(*args, **(kwargs or {}))
 
     class RefuseAtenCompute(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if not _aten_allowed(func):
                 packet = getattr(func, "overloadpacket", func)
-                raise ForbiddenTorchCompute(f"{getattr(func, 'namespace', 'aten')}::{getattr(packet, '__name__', packet)} is not allowed while the candidate runs (torch compute outside the extension)")
+                name = f"{getattr(func, 'namespace', 'aten')}::{getattr(packet, '__name__', packet)}"
+                raise ForbiddenTorchCompute(
+                    f"{name} is not allowed while the candidate runs (torch compute outside the extension)")
             return func(*args, **(kwargs or {}))
 
     return RefusePythonCompute, RefuseAtenCompute

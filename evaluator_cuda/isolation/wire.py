@@ -36,7 +36,8 @@ def _tensor_meta(t, index: int) -> dict:
         "dtype": str(t.dtype).removeprefix("torch."),
         "shape": list(t.shape),
         "device": t.device.type,
-        "cls": type(t).__name__ if type(t).__module__.startswith("torch") else f"{type(t).__module__}.{type(t).__qualname__}",
+        "cls": (type(t).__name__ if type(t).__module__.startswith("torch")
+                else f"{type(t).__module__}.{type(t).__qualname__}"),
     }
 
 

@@ -47,7 +47,8 @@ def _import_file(module_name: str, path: Path):
 
 def _candidate_traceback(exc: BaseException) -> str:
     """The traceback without the harness's own frames (what the agent needs to fix its code)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "evaluator_cuda" not in f.filename and "torch/" not in f.filename]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "evaluator_cuda" not in f.filename and "torch/" not in f.filename]
     lines = traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc)
     return "".join(lines)
 
@@ -102,9 +103,11 @@ class CandidateRole:
             _count_built_extensions(self.extension_calls)
         if req.get("extension_path"):
             try:
-                count_extension_calls(load_extension_module(req["extension_path"], req.get("fast_cache_dir")), self.extension_calls)
+                count_extension_calls(load_extension_module(req["extension_path"], req.get("fast_cache_dir")),
+                                      self.extension_calls)
             except Exception as exc:
-                raise HandlerError("compile", f"the built extension does not import: {one_line(exc)}", traceback.format_exc()) from None
+                raise HandlerError("compile", f"the built extension does not import: {one_line(exc)}",
+                                   traceback.format_exc()) from None
         fmt = req["format"]
         try:
             if fmt == "reference":
@@ -116,12 +119,14 @@ class CandidateRole:
         except TaskError as exc:
             raise HandlerError("task", str(exc)) from None
         except SyntaxError as exc:
-            raise HandlerError("syntax", f"{Path(exc.filename or req['entry']).name}:{exc.lineno}: {exc.msg}", f"{req['entry']}\n{exc.lineno}\n{exc.msg}") from None
+            raise HandlerError("syntax", f"{Path(exc.filename or req['entry']).name}:{exc.lineno}: {exc.msg}",
+                               f"{req['entry']}\n{exc.lineno}\n{exc.msg}") from None
         except Exception as exc:
             text = str(exc)
             if BUILD_ERROR_MARKER in text:
                 raise HandlerError("compile", one_line(exc), text) from None
-            raise HandlerError("runtime", f"importing {req['entry']} raised {one_line(exc)}", _candidate_traceback(exc)) from None
+            raise HandlerError("runtime", f"importing {req['entry']} raised {one_line(exc)}",
+                               _candidate_traceback(exc)) from None
         model_class = getattr(module, "ModelNew", None)
         if model_class is None:
             raise HandlerError("runtime", f"{req['entry']} defines no ModelNew")
@@ -136,11 +141,13 @@ class CandidateRole:
             model = self.model_class(*req["init_inputs"])
             model = model.eval().to(self.device)
         except Exception as exc:
-            raise HandlerError("runtime", f"ModelNew(*get_init_inputs()) raised {one_line(exc)}", _candidate_traceback(exc)) from None
+            raise HandlerError("runtime", f"ModelNew(*get_init_inputs()) raised {one_line(exc)}",
+                               _candidate_traceback(exc)) from None
         try:
             model.load_state_dict(req["state_dict"], strict=True)
         except Exception as exc:
-            raise HandlerError("state_dict", f"ModelNew does not take the reference's state_dict: {one_line(exc)}") from None
+            raise HandlerError("state_dict",
+                               f"ModelNew does not take the reference's state_dict: {one_line(exc)}") from None
         self.model = model
         self.threads_at_start = {t.ident for t in threading.enumerate()}
         return {}
@@ -194,23 +201,30 @@ class CandidateRole:
         if problem:
             raise HandlerError("incorrect", f"forward returned {problem}")
         if self.require_extension and self.extension_calls[0] == calls_before:
-            raise HandlerError("no_kernel", "forward never called the custom extension (a real kernel must run on every call)")
+            raise HandlerError("no_kernel",
+                               "forward never called the custom extension (a real kernel must run on every call)")
         new_threads = {t.ident for t in threading.enumerate()} - self.threads_at_start
         if new_threads:
-            raise HandlerError("threads", f"the candidate started {len(new_threads)} thread(s); background work is not allowed")
+            raise HandlerError("threads",
+                               f"the candidate started {len(new_threads)} thread(s); background work is not allowed")
         mutated = [i for i, (a, p) in enumerate(zip(args, pristine)) if p is not None and not _same_tensor(a, p)]
         if mutated:
             raise HandlerError("mutated_inputs", f"forward modified its input(s) {mutated}")
         described = describe_tensors(out)  # class and device as forward returned them, before the host copy
         copied = _copy_out(out)
-        self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]  # output-sized blocks: where empty_like lands
-        return {"output": copied, "output_meta": described, "time_us": time_us, "wall_us": wall_us, "l2_resets": self.l2_resets}
+        # output-sized blocks: where empty_like lands
+        self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]
+        return {"output": copied, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
+                "l2_resets": self.l2_resets}
 
 
 def _same_tensor(a, b) -> bool:
     import torch
 
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))))
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and bool(
+        torch.equal(a, b)
+        or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
+            and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))))
 
 
 def _tensor_bytes(value) -> list[int]:

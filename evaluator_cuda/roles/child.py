@@ -14,7 +14,8 @@ import sys
 import traceback
 
 from ..isolation import wire
-from ..isolation.sandbox import CHANNEL_FD_ENV, LIMITS_ENV, SLOT_DIR_ENV, WARM_ENV, limit_resources, remove_slot_dir, warm_up
+from ..isolation.sandbox import (CHANNEL_FD_ENV, LIMITS_ENV, SLOT_DIR_ENV, WARM_ENV, limit_resources, remove_slot_dir,
+                                 warm_up)
 from .errors import HandlerError, one_line
 
 
@@ -65,7 +66,8 @@ def serve(role: str) -> None:
         except HandlerError as exc:
             reply = {"ok": False, "kind": exc.kind, "message": exc.message, "detail": exc.detail[-8000:]}
         except Exception as exc:  # a failure of harness code in the child
-            reply = {"ok": False, "kind": "internal", "message": one_line(exc), "detail": traceback.format_exc()[-8000:]}
+            reply = {"ok": False, "kind": "internal", "message": one_line(exc),
+                     "detail": traceback.format_exc()[-8000:]}
         sys.stdout.flush()
         sys.stderr.flush()
         wire.send_message(sock, reply)

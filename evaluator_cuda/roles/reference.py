@@ -99,7 +99,8 @@ class ReferenceRole:
         self.device = req["device"]
         try:
             self.namespace = exec_task(self.task_name, req["task_source"])
-            init_inputs = _check_inputs(self.task_name, "get_init_inputs", self._task_call("get_init_inputs()", self.namespace["get_init_inputs"]))
+            init_inputs = _check_inputs(self.task_name, "get_init_inputs",
+                                        self._task_call("get_init_inputs()", self.namespace["get_init_inputs"]))
             torch.manual_seed(int(req["init_seed"]))
             model = self._task_call("Model(*get_init_inputs())", lambda: self.namespace["Model"](*init_inputs))
             if not isinstance(model, torch.nn.Module):
@@ -139,7 +140,8 @@ class ReferenceRole:
         except TaskError as exc:
             raise HandlerError("task", str(exc)) from None
         generated_on = "cuda" if self.device == "cuda" and self.generate_on_device else "cpu"
-        return {"inputs": input_sets, "outputs": outputs, "random": rerun is not None and _disagree(outputs[0], rerun), "generated_on": generated_on}
+        return {"inputs": input_sets, "outputs": outputs, "random": rerun is not None and _disagree(outputs[0], rerun),
+                "generated_on": generated_on}
 
     def _inputs_from_seed(self, seed: int) -> list:
         """get_inputs() after seeding. On a GPU the task's factory calls (torch.randn, ...) run
@@ -170,7 +172,8 @@ class ReferenceRole:
                 values = self._inputs_from_seed(seed)
                 device_inputs = to_device(values, self.device)
                 with torch.no_grad():
-                    self.timed_outputs[int(seed)] = self._task_call("the reference forward", lambda: self.model(*device_inputs))
+                    self.timed_outputs[int(seed)] = self._task_call(
+                        "the reference forward", lambda: self.model(*device_inputs))
                 _sync(self.device)
                 inputs.append(values)
         except TaskError as exc:
@@ -190,7 +193,8 @@ class ReferenceRole:
         from ..timing.profile import summarize_times, time_forward
 
         args = self.timing_inputs
-        kwargs = dict(warmup=int(req["warmup"]), repeats=int(req["repeats"]), device_type=self.device, l2_flush_bytes=int(req["l2_flush_bytes"]))
+        kwargs = dict(warmup=int(req["warmup"]), repeats=int(req["repeats"]), device_type=self.device,
+                      l2_flush_bytes=int(req["l2_flush_bytes"]))
         eager_samples, _ = time_forward(lambda: self.model(*args), **kwargs)
         result = {"eager": summarize_times(eager_samples), "compile": None, "compile_error": None}
         mode = req.get("compile_mode") or "default"

@@ -16,7 +16,8 @@ from pathlib import Path
 
 def baseline_key(task_source: str, device_name: str, torch_version: str, compile_mode: str, protocol: dict) -> str:
     blob = json.dumps(
-        {"task": hashlib.sha256(task_source.encode()).hexdigest(), "device": device_name, "torch": torch_version, "compile_mode": compile_mode, "protocol": protocol},
+        {"task": hashlib.sha256(task_source.encode()).hexdigest(), "device": device_name, "torch": torch_version,
+         "compile_mode": compile_mode, "protocol": protocol},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:32]

@@ -98,7 +98,9 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
         for _ in range(warmup):
             output = call()
         if device_type == "cuda":
-            flush = torch.empty(max(l2_flush_bytes // 4, 1), dtype=torch.int32, device="cuda") if l2_flush_bytes else None
+            flush = None
+            if l2_flush_bytes:
+                flush = torch.empty(max(l2_flush_bytes // 4, 1), dtype=torch.int32, device="cuda")
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
             torch.cuda.synchronize()
@@ -131,7 +133,8 @@ def poison_allocator(block_sizes: list[int], parity: int, device_type: str) -> N
     # On the host, blocks above malloc's largest mmap threshold come back from the OS zeroed
     # and are unmapped when freed: poisoning them would cost time and reach nothing.
     limit = None if device == "cuda" else HOST_MMAP_THRESHOLD_MAX
-    blocks = [torch.empty(n, dtype=torch.uint8, device=device).fill_(value) for n in block_sizes if n > 0 and (limit is None or n <= limit)]
+    blocks = [torch.empty(n, dtype=torch.uint8, device=device).fill_(value)
+              for n in block_sizes if n > 0 and (limit is None or n <= limit)]
     del blocks
 
 
@@ -151,7 +154,9 @@ def time_one_call(call, device_type: str):
     if device_type == "cuda":
         import torch
 
-        event, record, elapsed_time, synchronize, sleep = _cuda_timing or (torch.cuda.Event, torch.cuda.Event.record, torch.cuda.Event.elapsed_time, torch.cuda.synchronize, torch.cuda._sleep)
+        event, record, elapsed_time, synchronize, sleep = _cuda_timing or (
+            torch.cuda.Event, torch.cuda.Event.record, torch.cuda.Event.elapsed_time, torch.cuda.synchronize,
+            torch.cuda._sleep)
         # No synchronize before the start event: the L2 flush and the launch pad queued just
         # before keep the GPU busy while the host reaches the launch, so the host overhead of
         # the call and the guard is not counted as GPU time. The previous call ended synchronised.

@@ -66,7 +66,8 @@ def _walk(expected, actual, metas: list, path: str, problems: list, device_type:
             problems.append(f"{path}: expected device {device_type}, got {meta.get('device')}")
             return
         if actual.dtype != expected.dtype:
-            problems.append(f"{path}: expected dtype {str(expected.dtype).removeprefix('torch.')}, got {str(actual.dtype).removeprefix('torch.')}")
+            want, got = str(expected.dtype).removeprefix('torch.'), str(actual.dtype).removeprefix('torch.')
+            problems.append(f"{path}: expected dtype {want}, got {got}")
             return
         if tuple(actual.shape) != tuple(expected.shape):
             problems.append(f"{path}: expected shape {tuple(expected.shape)}, got {tuple(actual.shape)}")
@@ -78,14 +79,18 @@ def _walk(expected, actual, metas: list, path: str, problems: list, device_type:
             torch.testing.assert_close(actual, expected, atol=atol_t, rtol=rtol)
         except AssertionError as exc:
             lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
-            scale = "" if atol_t == atol else f" at the output's scale (atol {atol_t:.3g} = {SCALE_ATOL_FRACTION:g} x max|ref|)"
+            scale = ""
+            if atol_t != atol:
+                scale = f" at the output's scale (atol {atol_t:.3g} = {SCALE_ATOL_FRACTION:g} x max|ref|)"
             problems.append(f"{path}: values differ{scale}: " + "; ".join(lines[:4]))
         return
     if isinstance(actual, torch.Tensor):
         metas.pop(0) if metas else None
     if isinstance(expected, (list, tuple)):
         if type(actual) is not type(expected) or len(actual) != len(expected):
-            problems.append(f"{path}: expected a {type(expected).__name__} of {len(expected)}, got {type(actual).__name__}" + (f" of {len(actual)}" if isinstance(actual, (list, tuple)) else ""))
+            size = f" of {len(actual)}" if isinstance(actual, (list, tuple)) else ""
+            problems.append(f"{path}: expected a {type(expected).__name__} of {len(expected)}, "
+                            f"got {type(actual).__name__}{size}")
             return
         for i, (e, a) in enumerate(zip(expected, actual)):
             _walk(e, a, metas, f"{path}[{i}]", problems, device_type, atol, rtol)
@@ -160,7 +165,8 @@ def tolerances(expected, atol: float, rtol: float, norm_rtol: float) -> dict:
     """What the verdict on outputs like `expected` checks: per floating tensor its elementwise
     atol, and whether any was scaled down to the output's magnitude (for the record)."""
     atols = [tensor_atol(e, atol) for e, _ in _tensor_pairs(expected, expected) if e.is_floating_point()]
-    return {"atol": atol, "rtol": rtol, "tensor_atol": atols, "norm_rtol": norm_rtol, "scaled": any(a < atol for a in atols)}
+    return {"atol": atol, "rtol": rtol, "tensor_atol": atols, "norm_rtol": norm_rtol,
+            "scaled": any(a < atol for a in atols)}
 
 
 def criterion_of(problem: str) -> str:
@@ -174,7 +180,8 @@ def criterion_of(problem: str) -> str:
     return "structure"  # structure, class, device, dtype, shape, or a non-tensor value
 
 
-def compare_outputs(expected, actual, actual_meta: list[dict], device_type: str, atol: float, rtol: float, norm_rtol: float | None = None) -> str | None:
+def compare_outputs(expected, actual, actual_meta: list[dict], device_type: str, atol: float, rtol: float,
+                    norm_rtol: float | None = None) -> str | None:
     """None if `actual` passes against `expected`, else the first problem as one line.
 
     `norm_rtol`: the scale-aware check on top of atol/rtol (docs/cheats.md #2): the relative error of
@@ -210,7 +217,8 @@ def outputs_ignore_inputs(expected_sets: list, actual_sets: list) -> bool:
 
     def same(x, y) -> bool:
         fx, fy = flat(x), flat(y)
-        return len(fx) == len(fy) and all(a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b)) for a, b in zip(fx, fy))
+        return len(fx) == len(fy) and all(a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+                                          for a, b in zip(fx, fy))
 
     if len(expected_sets) < 2 or not flat(expected_sets[0]):
         return False

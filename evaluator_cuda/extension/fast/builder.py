@@ -134,7 +134,8 @@ def cxx_flags(toolchain: Toolchain, backend: str) -> list[str]:
 PCH_HEADER = INCLUDE_DIR / "cuda_agent_fast_all.h"
 
 
-def ensure_precompiled_header(cache_root: Path, flags: list[str], toolchain: Toolchain, timeout_s: float) -> Path | None:
+def ensure_precompiled_header(cache_root: Path, flags: list[str], toolchain: Toolchain,
+                              timeout_s: float) -> Path | None:
     """The slim headers precompiled with `flags` (built once per toolchain and flag set), or None if g++ cannot.
 
     Returns the header path to force-include (`-include`); g++ picks up the .gch next to it and, should the
@@ -384,7 +385,8 @@ REGISTER_BINDING(probe, cuda_agent_fast_probe);
 """
 
 
-def warm_up(backend: str = "cuda", cache_dir: Path | str | None = None, arch_list: str | None = None) -> FastBuildResult:
+def warm_up(backend: str = "cuda", cache_dir: Path | str | None = None,
+            arch_list: str | None = None) -> FastBuildResult:
     """Build what every fast build shares (the precompiled slim headers, the harness object) ahead of time.
 
     Call once when a worker starts, so a candidate's first build pays only for its own files.

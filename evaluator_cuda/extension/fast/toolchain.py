@@ -144,8 +144,9 @@ def find_toolchain(backend: str) -> Toolchain:
 def arch_flags(arch_list: str) -> list[str]:
     """nvcc -gencode flags for a TORCH_CUDA_ARCH_LIST value ("9.0", "8.0;9.0", "9.0+PTX", "9.0a").
 
-    >>> arch_flags("8.0;9.0+PTX")
-    ['-gencode=arch=compute_80,code=sm_80', '-gencode=arch=compute_90,code=sm_90', '-gencode=arch=compute_90,code=compute_90']
+    >>> arch_flags("8.0;9.0+PTX")  # doctest: +NORMALIZE_WHITESPACE
+    ['-gencode=arch=compute_80,code=sm_80', '-gencode=arch=compute_90,code=sm_90',
+     '-gencode=arch=compute_90,code=compute_90']
     """
     flags: list[str] = []
     for item in re.split(r"[;\s,]+", arch_list.strip()):

@@ -71,7 +71,9 @@ inline CUDAStream getDefaultCUDAStream(DeviceIndex device = -1) {
 // Sets the current device for its lifetime and restores the previous one after.
 class CUDAGuard {
  public:
-  explicit CUDAGuard(DeviceIndex index) : original_(::c10::cuda::current_device()), current_(index) { switch_to(index); }
+  explicit CUDAGuard(DeviceIndex index) : original_(::c10::cuda::current_device()), current_(index) {
+    switch_to(index);
+  }
   explicit CUDAGuard(Device device) : CUDAGuard(index_of(device)) {}
   CUDAGuard(const CUDAGuard&) = delete;
   CUDAGuard& operator=(const CUDAGuard&) = delete;

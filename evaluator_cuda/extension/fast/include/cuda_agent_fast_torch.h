@@ -255,7 +255,9 @@ class Device {
     std::string kind = spec.substr(0, spec.find(':'));
     TORCH_CHECK(kind == "cuda" || kind == "cpu", "fast binding: unsupported device string ", spec);
     type_ = kind == "cuda" ? DeviceType::CUDA : DeviceType::CPU;
-    index_ = spec.find(':') == std::string::npos ? -1 : static_cast<DeviceIndex>(std::stoi(spec.substr(spec.find(':') + 1)));
+    index_ = spec.find(':') == std::string::npos
+                 ? -1
+                 : static_cast<DeviceIndex>(std::stoi(spec.substr(spec.find(':') + 1)));
   }
   DeviceType type() const { return type_; }
   DeviceIndex index() const { return index_; }
@@ -616,8 +618,8 @@ class Tensor {
   void check_element_type(const char* what) const {
     using Plain = std::remove_cv_t<T>;
     ScalarType want = element_type_of<Plain>();
-    TORCH_CHECK(want == scalar_type() || (want == ScalarType::Byte && scalar_type() == ScalarType::Bool), "expected scalar type ",
-                toString(want), " but found ", toString(scalar_type()), " (", what, ")");
+    TORCH_CHECK(want == scalar_type() || (want == ScalarType::Byte && scalar_type() == ScalarType::Bool),
+                "expected scalar type ", toString(want), " but found ", toString(scalar_type()), " (", what, ")");
   }
   template <typename T>
   static ScalarType element_type_of() {

@@ -69,7 +69,9 @@ at::TensorOptions options_for(int32_t scalar_type, int32_t device_type, int32_t 
 // ---- the table -------------------------------------------------------------------------------------------------
 
 const char* abi_last_error() { return g_last_error.c_str(); }
-cuda_agent_tensor abi_tensor_copy(cuda_agent_tensor t) { return t ? as_handle(new at::Tensor(*as_tensor(t))) : nullptr; }
+cuda_agent_tensor abi_tensor_copy(cuda_agent_tensor t) {
+  return t ? as_handle(new at::Tensor(*as_tensor(t))) : nullptr;
+}
 void abi_tensor_release(cuda_agent_tensor t) { delete as_tensor(t); }
 int64_t abi_dim(cuda_agent_tensor t) { return as_tensor(t)->dim(); }
 const int64_t* abi_sizes(cuda_agent_tensor t) { return as_tensor(t)->sizes().data(); }
