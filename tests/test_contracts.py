@@ -152,3 +152,72 @@ def test_the_contract_modules_need_only_the_standard_library(name, allowed):
     assert first_party <= allowed, first_party
     used = {m.split(".")[0] for m in imports - first_party}
     assert used <= stdlib | {"__future__"}, used - stdlib
+
+
+# --- no import cycle inside the evaluator -----------------------------------------------------
+
+_LIST_PACKAGE_IMPORTS = """
+import ast, json, sys
+out = {}
+for path, module, is_package in json.loads(sys.argv[1]):
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    names = []
+    for node in ast.walk(ast.parse(open(path).read())):  # module-level and function-level imports alike
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parent = base[: len(base) - node.level + 1] if node.level else []
+            stem = ".".join(parent + ([node.module] if node.module else []))
+            names += [stem] + [stem + "." + alias.name for alias in node.names]
+    out[module] = names
+print(json.dumps(out))
+"""
+
+
+def _module_graph(package: str) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports, relative imports resolved (parsed in a fresh interpreter)."""
+    import json
+    import subprocess
+    import sys
+
+    files = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        files.append((str(path), ".".join(parts[:-1] if is_package else parts), is_package))
+    done = subprocess.run([sys.executable, "-c", _LIST_PACKAGE_IMPORTS, json.dumps(files)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    imports = json.loads(done.stdout)
+    return {module: {name for name in names if name in imports and name != module} for module, names in imports.items()}
+
+
+def _a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of the graph as [a, b, ..., a], or None."""
+    state: dict[str, str] = {}  # "open" while on the path, "done" after
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                return path[path.index(target):] + [target]
+            if target not in state:
+                found = visit(target, path + [target])
+                if found:
+                    return found
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            found = visit(module, [module])
+            if found:
+                return found
+    return None
+
+
+def test_the_evaluator_has_no_import_cycle():
+    graph = _module_graph("evaluator_cuda")
+    assert "evaluator_cuda.isolation.wire" in graph["evaluator_cuda.roles.child"]  # relative imports resolved
+    assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check finds one
+    cycle = _a_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
