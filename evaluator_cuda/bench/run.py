@@ -63,17 +63,14 @@ def _one_line_result(done: int, total: int, record: dict) -> str:
 
 def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings: EvalSettings, out_dir: Path,
               console=None) -> BenchResult:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..evaluation import children_kept_warm, evaluate
+    from ..evaluation import children_kept_warm
     from .metrics import bench_metrics
     from .report import print_tables, write_reports
 
     if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=160)  # logs and pipes: do not squeeze the table to 80 columns
+        console = _console()
     begin = time.perf_counter()
     task_set = load_tasks(tasks_path)
     problems = [str(p) for p in task_set.problems]
@@ -91,18 +88,7 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
                 progress.advance(bar)
                 continue
             progress.update(bar, description=f"{task.name}")
-            if path is None:
-                record = evaluate(task, reference_solution(task.stem), settings)
-            elif path == "missing":
-                record = finish(new_record(task.name, task.stem, "none", settings), "compile_error",
-                                f"no solution for task {task.name} in {solutions_path}")
-            else:
-                try:
-                    solution = read_solution(path)
-                except SolutionError as exc:
-                    record = finish(new_record(task.name, path.name, "?", settings), "compile_error", str(exc))
-                else:
-                    record = evaluate(task, solution, settings)
+            record = _record_of(task, path, solutions_path, settings)
             progress.advance(bar)
             if record["status"] == "task_error":
                 bad_tasks.add(task.name)
@@ -117,19 +103,49 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
             if is_main:
                 main_records.append(record)
     metrics = bench_metrics(main_records)
+    meta = _report_meta(tasks_path, solutions_dir, settings, records, time.perf_counter() - begin)
+    print_tables(console, records, metrics)
+    paths = write_reports(out_dir, records, main_records, metrics, meta, problems)
+    console.print(f"reports: {paths['json']}  {paths['markdown']}" + (f"  {paths['plot']}" if paths["plot"] else ""),
+                  highlight=False)
+    return BenchResult(records, main_records, metrics, problems, paths, time.perf_counter() - begin)
+
+
+def _console():
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # logs and pipes: do not squeeze the table to 80 columns
+    return console
+
+
+def _record_of(task, path, solutions_path: Path | None, settings: EvalSettings) -> dict:
+    """The record of one planned evaluation: the reference as the candidate (path None), a missing
+    or unreadable solution (compile_error), or the solution's evaluation."""
+    from ..evaluation import evaluate
+
+    if path is None:
+        return evaluate(task, reference_solution(task.stem), settings)
+    if path == "missing":
+        return finish(new_record(task.name, task.stem, "none", settings), "compile_error",
+                      f"no solution for task {task.name} in {solutions_path}")
+    try:
+        solution = read_solution(path)
+    except SolutionError as exc:
+        return finish(new_record(task.name, path.name, "?", settings), "compile_error", str(exc))
+    return evaluate(task, solution, settings)
+
+
+def _report_meta(tasks_path, solutions_dir, settings: EvalSettings, records: list[dict], wall_s: float) -> dict:
     device = next((r.get("device") for r in records if r.get("device")), None)
     torch_version = next((r["versions"].get("torch") for r in records if r.get("versions", {}).get("torch")), None)
-    meta = {
+    return {
         "tasks_path": str(tasks_path),
         "solutions": str(solutions_dir) if solutions_dir else None,
         "backend": settings.backend,
         "device": device,
         "torch": torch_version,
         "settings": settings.to_dict(),
-        "wall_s": round(time.perf_counter() - begin, 3),
+        "wall_s": round(wall_s, 3),
     }
-    print_tables(console, records, metrics)
-    paths = write_reports(out_dir, records, main_records, metrics, meta, problems)
-    console.print(f"reports: {paths['json']}  {paths['markdown']}" + (f"  {paths['plot']}" if paths["plot"] else ""),
-                  highlight=False)
-    return BenchResult(records, main_records, metrics, problems, paths, time.perf_counter() - begin)

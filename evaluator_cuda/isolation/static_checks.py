@@ -141,52 +141,72 @@ def check_python_source(name: str, text: str) -> list[Finding]:
     findings = []
     modules = _imported_names(tree)
     for node in ast.walk(tree):
-        line = getattr(node, "lineno", 0)
-        for target in _patched_targets(node):
-            # `torch.cuda.Event.elapsed_time = ...`, `time.perf_counter = ...`: rebinding what a
-            # module (the harness's too) looks up; the candidate's own objects (self.x = ...) are fine.
-            if isinstance(target, (ast.Attribute, ast.Subscript)) and _root_name(target) in modules:
-                findings.append(Finding(("monkeypatch",
-                                         f"{name}:{line}: assigns to {ast.unparse(target)[:80]} (patching a module)")))
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                top = alias.name.split(".")[0]
-                if top in REFERENCE_MODULES:
-                    findings.append(Finding(("reference_import",
-                                             f"{name}:{line}: imports the reference module {alias.name!r}")))
-                elif top in _FORBIDDEN_MODULES:
-                    findings.append(Finding((_FORBIDDEN_MODULES[top], f"{name}:{line}: imports {alias.name}")))
-        elif isinstance(node, ast.ImportFrom):
-            top = (node.module or "").split(".")[0]
+        findings += _node_findings(name, node, modules)
+    return findings + _model_new_findings(name, tree)
+
+
+def _node_findings(name: str, node: ast.AST, modules: set[str]) -> list[Finding]:
+    line = getattr(node, "lineno", 0)
+    findings = []
+    for target in _patched_targets(node):
+        # `torch.cuda.Event.elapsed_time = ...`, `time.perf_counter = ...`: rebinding what a
+        # module (the harness's too) looks up; the candidate's own objects (self.x = ...) are fine.
+        if isinstance(target, (ast.Attribute, ast.Subscript)) and _root_name(target) in modules:
+            findings.append(Finding(("monkeypatch",
+                                     f"{name}:{line}: assigns to {ast.unparse(target)[:80]} (patching a module)")))
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        findings += _import_findings(name, node, line)
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FORBIDDEN_CALLS:
+        findings.append(Finding((_FORBIDDEN_CALLS[node.func.id], f"{name}:{line}: calls {node.func.id}()")))
+    elif isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
+        owner = node.value.id if isinstance(node.value, ast.Name) else node.value.attr
+        reason = _FORBIDDEN_ATTRS.get((owner, node.attr))
+        if reason:
+            findings.append(Finding((reason, f"{name}:{line}: uses {owner}.{node.attr}")))
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) > 40:
+        for finding in check_cpp_source(name, node.value):
+            message = finding.message.replace(f"{name}:", f"{name} (string at line {line}), line ", 1)
+            findings.append(Finding((finding.reason, message)))
+    return findings
+
+
+def _import_findings(name: str, node: ast.Import | ast.ImportFrom, line: int) -> list[Finding]:
+    findings = []
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            top = alias.name.split(".")[0]
             if top in REFERENCE_MODULES:
                 findings.append(Finding(("reference_import",
-                                         f"{name}:{line}: imports from the reference module {node.module!r}")))
+                                         f"{name}:{line}: imports the reference module {alias.name!r}")))
             elif top in _FORBIDDEN_MODULES:
-                findings.append(Finding((_FORBIDDEN_MODULES[top], f"{name}:{line}: imports from {node.module}")))
-            elif top == "os" and any(a.name in ("fork", "system", "popen", "forkpty") for a in node.names):
-                findings.append(Finding(("processes", f"{name}:{line}: imports a process call from os")))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FORBIDDEN_CALLS:
-            findings.append(Finding((_FORBIDDEN_CALLS[node.func.id], f"{name}:{line}: calls {node.func.id}()")))
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute)):
-            owner = node.value.id if isinstance(node.value, ast.Name) else node.value.attr
-            reason = _FORBIDDEN_ATTRS.get((owner, node.attr))
-            if reason:
-                findings.append(Finding((reason, f"{name}:{line}: uses {owner}.{node.attr}")))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) > 40:
-            for finding in check_cpp_source(name, node.value):
-                message = finding.message.replace(f"{name}:", f"{name} (string at line {line}), line ", 1)
-                findings.append(Finding((finding.reason, message)))
+                findings.append(Finding((_FORBIDDEN_MODULES[top], f"{name}:{line}: imports {alias.name}")))
+        return findings
+    top = (node.module or "").split(".")[0]
+    if top in REFERENCE_MODULES:
+        findings.append(Finding(("reference_import",
+                                 f"{name}:{line}: imports from the reference module {node.module!r}")))
+    elif top in _FORBIDDEN_MODULES:
+        findings.append(Finding((_FORBIDDEN_MODULES[top], f"{name}:{line}: imports from {node.module}")))
+    elif top == "os" and any(a.name in ("fork", "system", "popen", "forkpty") for a in node.names):
+        findings.append(Finding(("processes", f"{name}:{line}: imports a process call from os")))
+    return findings
+
+
+def _model_new_findings(name: str, tree: ast.Module) -> list[Finding]:
+    """ModelNew inheriting the reference Model, or falling back with try/except."""
     model_new = _model_new_class(tree)
-    if model_new is not None:
-        for base in model_new.bases:
-            base_name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
-            if base_name == "Model":
-                findings.append(Finding(("inherits_reference",
-                                         f"{name}:{model_new.lineno}: ModelNew inherits the reference Model")))
-        for node in ast.walk(model_new):
-            if isinstance(node, ast.Try):
-                message = f"{name}:{node.lineno}: try/except inside ModelNew (a fallback path is not allowed)"
-                findings.append(Finding(("fallback", message)))
+    if model_new is None:
+        return []
+    findings = []
+    for base in model_new.bases:
+        base_name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+        if base_name == "Model":
+            findings.append(Finding(("inherits_reference",
+                                     f"{name}:{model_new.lineno}: ModelNew inherits the reference Model")))
+    for node in ast.walk(model_new):
+        if isinstance(node, ast.Try):
+            message = f"{name}:{node.lineno}: try/except inside ModelNew (a fallback path is not allowed)"
+            findings.append(Finding(("fallback", message)))
     return findings
 
 

@@ -161,25 +161,14 @@ class CandidateRole:
         copies. A set arrives with its first call, never earlier: no future input is ever in
         this process (a candidate cannot do the work of later calls ahead, docs/cheats.md #10).
         """
-        import threading
-
         import torch
 
         from ..isolation.torch_guard import ForbiddenTorchCompute, refuse_torch_compute
         from ..timing.profile import flush_l2, poison_allocator, reset_persisting_l2, time_one_call
-        from .reference import to_device
 
         if self.model is None:
             raise HandlerError("internal", "call before prepare")
-        if "set" in req:
-            if str(req["set"]) not in self.stored:
-                raise HandlerError("internal", f"no kept input set {req['set']!r}")
-            on_device, values = self.stored[str(req["set"])]
-        else:
-            values = list(req["inputs"])
-            on_device = to_device(values, self.device)
-            if req.get("keep_as"):  # the parent will name this set again in a later call
-                self.stored[str(req["keep_as"])] = (on_device, values)
+        on_device, values = self._input_set(req)
         pristine = [a if isinstance(a, torch.Tensor) else None for a in on_device]
         args = [a.clone() if a is not None else v for a, v in zip(pristine, values)]  # the candidate gets clones only
         poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)
@@ -197,6 +186,34 @@ class CandidateRole:
             raise HandlerError("forbidden", str(exc), _candidate_traceback(exc)) from None
         except Exception as exc:
             raise HandlerError("runtime", f"forward raised {one_line(exc)}", _candidate_traceback(exc)) from None
+        self._check_call(out, args, pristine, calls_before)
+        described = describe_tensors(out)  # class and device as forward returned them, before the host copy
+        copied = _copy_out(out)
+        # output-sized blocks: where empty_like lands
+        self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]
+        return {"output": copied, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
+                "l2_resets": self.l2_resets}
+
+    def _input_set(self, req: dict) -> tuple[list, list]:
+        """(device values, values as received) of the call's input set: sent with it, or kept
+        under an id from an earlier call."""
+        from .reference import to_device
+
+        if "set" in req:
+            if str(req["set"]) not in self.stored:
+                raise HandlerError("internal", f"no kept input set {req['set']!r}")
+            return self.stored[str(req["set"])]
+        values = list(req["inputs"])
+        on_device = to_device(values, self.device)
+        if req.get("keep_as"):  # the parent will name this set again in a later call
+            self.stored[str(req["keep_as"])] = (on_device, values)
+        return on_device, values
+
+    def _check_call(self, out, args: list, pristine: list, calls_before: int) -> None:
+        """What a call may not do, checked after it: an output that cannot be sent, no call into the
+        extension, a new thread, a changed input."""
+        import threading
+
         problem = _unsendable(out)
         if problem:
             raise HandlerError("incorrect", f"forward returned {problem}")
@@ -210,12 +227,6 @@ class CandidateRole:
         mutated = [i for i, (a, p) in enumerate(zip(args, pristine)) if p is not None and not _same_tensor(a, p)]
         if mutated:
             raise HandlerError("mutated_inputs", f"forward modified its input(s) {mutated}")
-        described = describe_tensors(out)  # class and device as forward returned them, before the host copy
-        copied = _copy_out(out)
-        # output-sized blocks: where empty_like lands
-        self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]
-        return {"output": copied, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
-                "l2_resets": self.l2_resets}
 
 
 def _same_tensor(a, b) -> bool:

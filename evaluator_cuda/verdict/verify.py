@@ -59,30 +59,9 @@ def _walk(expected, actual, metas: list, path: str, problems: list, device_type:
             problems.append(f"{path}: expected a tensor, got {type(actual).__name__}")
             return
         meta = metas.pop(0) if metas else {}
-        if meta.get("cls") != "Tensor":
-            problems.append(f"{path}: expected exactly torch.Tensor, got {meta.get('cls')}")
-            return
-        if meta.get("device") != device_type:
-            problems.append(f"{path}: expected device {device_type}, got {meta.get('device')}")
-            return
-        if actual.dtype != expected.dtype:
-            want, got = str(expected.dtype).removeprefix('torch.'), str(actual.dtype).removeprefix('torch.')
-            problems.append(f"{path}: expected dtype {want}, got {got}")
-            return
-        if tuple(actual.shape) != tuple(expected.shape):
-            problems.append(f"{path}: expected shape {tuple(expected.shape)}, got {tuple(actual.shape)}")
-            return
-        atol_t = tensor_atol(expected, atol)
-        if _close_fast(actual, expected, atol_t, rtol):
-            return
-        try:
-            torch.testing.assert_close(actual, expected, atol=atol_t, rtol=rtol)
-        except AssertionError as exc:
-            lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
-            scale = ""
-            if atol_t != atol:
-                scale = f" at the output's scale (atol {atol_t:.3g} = {SCALE_ATOL_FRACTION:g} x max|ref|)"
-            problems.append(f"{path}: values differ{scale}: " + "; ".join(lines[:4]))
+        problem = _tensor_mismatch(expected, actual, meta, device_type) or _values_differ(expected, actual, atol, rtol)
+        if problem:
+            problems.append(f"{path}: {problem}")
         return
     if isinstance(actual, torch.Tensor):
         metas.pop(0) if metas else None
@@ -108,6 +87,38 @@ def _walk(expected, actual, metas: list, path: str, problems: list, device_type:
         return
     if type(actual) is not type(expected) or actual != expected:
         problems.append(f"{path}: expected {expected!r}, got {actual!r}")
+
+
+def _tensor_mismatch(expected, actual, meta: dict, device_type: str) -> str | None:
+    """What differs in the class, device, dtype or shape of an output tensor, or None."""
+    if meta.get("cls") != "Tensor":
+        return f"expected exactly torch.Tensor, got {meta.get('cls')}"
+    if meta.get("device") != device_type:
+        return f"expected device {device_type}, got {meta.get('device')}"
+    if actual.dtype != expected.dtype:
+        want, got = str(expected.dtype).removeprefix('torch.'), str(actual.dtype).removeprefix('torch.')
+        return f"expected dtype {want}, got {got}"
+    if tuple(actual.shape) != tuple(expected.shape):
+        return f"expected shape {tuple(expected.shape)}, got {tuple(actual.shape)}"
+    return None
+
+
+def _values_differ(expected, actual, atol: float, rtol: float) -> str | None:
+    """The elementwise criterion at the tensor's own scale (tensor_atol): None when it passes."""
+    import torch
+
+    atol_t = tensor_atol(expected, atol)
+    if _close_fast(actual, expected, atol_t, rtol):
+        return None
+    try:
+        torch.testing.assert_close(actual, expected, atol=atol_t, rtol=rtol)
+    except AssertionError as exc:
+        lines = [l.strip() for l in str(exc).splitlines() if l.strip()]
+        scale = ""
+        if atol_t != atol:
+            scale = f" at the output's scale (atol {atol_t:.3g} = {SCALE_ATOL_FRACTION:g} x max|ref|)"
+        return f"values differ{scale}: " + "; ".join(lines[:4])
+    return None
 
 
 def _tensor_pairs(expected, actual):
