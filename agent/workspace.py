@@ -6,8 +6,9 @@ reference: the builder always compiles the evaluator's own copies) and `SKILL.md
 The grader is not here: compile/verify/profile ship `model_new.py` and `kernels/**` to the
 evaluator fleet, which pairs them with the task source it was given, never this `model.py`.
 
-The layout comes from the evaluator's own `init_workspace` (a torch-free module), so the agent
-process stays torch-free (docs/architecture.md) and both agree on what a workspace is.
+The layout comes from `cuda_agent/workspace.py` (standard library only), which the evaluator
+builds with too, so the agent process stays torch-free (docs/architecture.md) and both agree on
+what a workspace is.
 """
 
 from __future__ import annotations
@@ -218,23 +219,22 @@ def release_sandbox_uid(uid: int, claims_dir: Path = UID_CLAIMS_DIR) -> None:
 def create_workspace(
     root: str | Path, task_name: str, task_source: str, *, uid_base: int = 200_000, isolate_uid: bool = True
 ) -> Workspace:
-    """Make the workspace directory for one episode with the evaluator's own layout
-    (`evaluator_cuda.workspace.init_workspace`, torch-free: the task, a starter model_new.py,
-    kernels/, the binding registry files and SKILL.md).
+    """Make the workspace directory for one episode in the shared layout
+    (`cuda_agent.workspace.init_workspace`: the task, a starter model_new.py, kernels/, the
+    binding registry files and SKILL.md).
 
     The directory is created fresh (an existing one is refused). Harness files and the task
     are owned by us and read-only; the directory has the sticky bit so a sandbox uid cannot
     delete or rename them; `kernels/` belongs to the sandbox uid.
     """
-    from evaluator_cuda.tasks import Task as EvaluatorTask  # torch-free modules of the evaluator
-    from evaluator_cuda.workspace import WorkspaceError as LayoutError
-    from evaluator_cuda.workspace import init_workspace
+    from cuda_agent.workspace import WorkspaceError as LayoutError
+    from cuda_agent.workspace import init_workspace
 
     root = Path(root)
     if root.exists():
         raise WorkspaceError(f"workspace {root} already exists")
     try:
-        init_workspace(EvaluatorTask(name=task_name, source=task_source), root)
+        init_workspace(task_source, root)
     except LayoutError as error:
         raise WorkspaceError(str(error)) from None
     uid = claim_sandbox_uid(uid_base) if isolate_uid and can_switch_uid() and _traversable_by_others(root) else None

@@ -34,7 +34,8 @@ def needs_recycle(result: dict) -> bool:
     Yes when the result asks for it, when the harness failed (infra_error), or when the text
     names a sticky CUDA error (the candidate runs in its own child, so this is conservative).
     """
-    return bool(result.get("needs_recycle")) or result.get("status") == "infra_error" or mentions_sticky_cuda_error(result)
+    return (bool(result.get("needs_recycle")) or result.get("status") == "infra_error"
+            or mentions_sticky_cuda_error(result))
 
 
 def mentions_sticky_cuda_error(result: dict) -> bool:

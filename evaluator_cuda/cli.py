@@ -16,8 +16,9 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def _settings(backend: str, repeats: Optional[int], warmup: Optional[int], profile: bool, cache_dir: Optional[Path], fast_build: bool = True):
-    from .bench import resolve_backend
+def _settings(backend: str, repeats: Optional[int], warmup: Optional[int], profile: bool, cache_dir: Optional[Path],
+              fast_build: bool = True):
+    from .bench.run import resolve_backend
     from .settings import EvalSettings
 
     overrides = {"profile": profile, "fast_build": fast_build}
@@ -54,20 +55,25 @@ def _one_task(task_path: Path, name: Optional[str]):
 
 
 def bench(
-    tasks: Path = typer.Argument(..., help="A task .py file, a KernelBench-style folder or a parquet file with a `code` column."),
-    solutions: Optional[Path] = typer.Option(None, "--solutions", "-s", help="Folder of solutions (<stem>/ workspaces or <stem>.py files); none: self-check."),
+    tasks: Path = typer.Argument(
+        ..., help="A task .py file, a KernelBench-style folder or a parquet file with a `code` column."),
+    solutions: Optional[Path] = typer.Option(
+        None, "--solutions", "-s",
+        help="Folder of solutions (<stem>/ workspaces or <stem>.py files); none: self-check."),
     backend: str = typer.Option("auto", help="auto | cuda | host (host: C++ kernels on the CPU)."),
     out: Optional[Path] = typer.Option(None, help="Report folder (default reports/bench-<time>)."),
     repeats: Optional[int] = typer.Option(None, help="Timed calls per measurement."),
     warmup: Optional[int] = typer.Option(None, help="Untimed warm-up calls."),
     profile: bool = typer.Option(True, help="Time candidates and baselines (--no-profile: verdicts only)."),
-    cache_dir: Optional[Path] = typer.Option(None, help="Cache folder (default $CUDA_AGENT_CACHE or ~/.cache/cuda-agent)."),
-    fast_build: bool = typer.Option(True, help="Slim-header fast build first (--no-fast-build: always the torch build)."),
+    cache_dir: Optional[Path] = typer.Option(
+        None, help="Cache folder (default $CUDA_AGENT_CACHE or ~/.cache/cuda-agent)."),
+    fast_build: bool = typer.Option(
+        True, help="Slim-header fast build first (--no-fast-build: always the torch build)."),
 ) -> None:
     """Evaluate a task set (and its solutions) and print the KernelBench-style table."""
     import time
 
-    from .bench import run_bench
+    from .bench.run import run_bench
 
     if not tasks.exists():
         _fail(f"no such task file or folder: {tasks}")
@@ -86,14 +92,16 @@ def bench(
 
 def evaluate(
     task: Path = typer.Argument(..., help="The task (.py, folder or parquet; use --name for one of many)."),
-    solution: Path = typer.Argument(..., help="A workspace folder (model_new.py + kernels/) or a KernelBench ModelNew .py file."),
+    solution: Path = typer.Argument(
+        ..., help="A workspace folder (model_new.py + kernels/) or a KernelBench ModelNew .py file."),
     name: Optional[str] = typer.Option(None, help="Task name inside a folder or parquet file."),
     backend: str = typer.Option("auto", help="auto | cuda | host."),
     repeats: Optional[int] = typer.Option(None),
     warmup: Optional[int] = typer.Option(None),
     profile: bool = typer.Option(True),
     cache_dir: Optional[Path] = typer.Option(None),
-    fast_build: bool = typer.Option(True, help="Slim-header fast build first (--no-fast-build: always the torch build)."),
+    fast_build: bool = typer.Option(
+        True, help="Slim-header fast build first (--no-fast-build: always the torch build)."),
 ) -> None:
     """Evaluate one solution for one task and print its result record as JSON."""
     from .evaluation import evaluate as evaluate_candidate
@@ -104,7 +112,8 @@ def evaluate(
         the_solution = read_solution(solution)
     except SolutionError as exc:
         _fail(str(exc))
-    record = evaluate_candidate(the_task, the_solution, _settings(backend, repeats, warmup, profile, cache_dir, fast_build))
+    record = evaluate_candidate(the_task, the_solution,
+                                _settings(backend, repeats, warmup, profile, cache_dir, fast_build))
     typer.echo(json.dumps(record, indent=1))
     if record["status"] in ("infra_error", "task_error"):
         raise typer.Exit(code=1)
@@ -117,11 +126,11 @@ def workspace_init(
     name: Optional[str] = typer.Option(None, help="Task name inside a folder or parquet file."),
 ) -> None:
     """Lay out a fresh CUDA-Agent workspace (model.py, model_new.py, kernels/, SKILL.md) for a task."""
-    from .workspace import WorkspaceError, init_workspace
+    from cuda_agent.workspace import WorkspaceError, init_workspace
 
     the_task = _one_task(task, name)
     try:
-        init_workspace(the_task, folder)
+        init_workspace(the_task.source, folder)
     except WorkspaceError as exc:
         _fail(str(exc))
     typer.echo(f"workspace for {the_task.name} in {folder}")
@@ -132,6 +141,6 @@ def register(app: typer.Typer) -> None:
     app.command("bench")(bench)
     app.command("evaluate")(evaluate)
     app.add_typer(workspace_app, name="workspace")
-    from .fastbuild.cli import register as register_fast_build
+    from .extension.fast.cli import register as register_fast_build
 
     register_fast_build(app)

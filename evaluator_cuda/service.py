@@ -6,21 +6,19 @@ job = {"task": {"name": str, "source": str},
        "artifact"?: bytes}                      # evaluate_job only: a prebuilt extension
 compile_job -> {"status": "built" | "compile_error" | "infra_error", "diagnostics": [...],
                 "artifact": bytes | None, "build_seconds": float, "cache_hit": bool}
-evaluate_job -> the result record (record.py)
+evaluate_job -> the result record (verdict/record.py)
 A malformed job gives an infra_error result whose message says what is wrong with it.
 """
 
 from __future__ import annotations
 
-from .child import one_line
-from .record import finish, new_record
+from cuda_agent.contracts import JobError
+
+from .roles.errors import one_line
 from .settings import EvalSettings
 from .solutions import SolutionError, solution_from_job
 from .tasks import Task, TaskError, check_task_source
-
-
-class JobError(Exception):
-    """A job dict that does not have the documented shape."""
+from .verdict.record import finish, new_record
 
 
 def _parse_job(job: dict):
@@ -43,24 +41,28 @@ def _parse_job(job: dict):
 
 def compile_job(job: dict) -> dict:
     """Build a job's solution (workspace format) and return the built extension's bytes."""
-    from .build import build_workspace
+    from .extension.build import build_workspace
 
     try:
         task, solution, settings = _parse_job(job)
     except JobError as exc:
-        return {"status": "infra_error", "diagnostics": [{"file": None, "line": None, "message": f"bad job: {exc}"}], "artifact": None, "build_seconds": 0.0, "cache_hit": False}
+        return {"status": "infra_error", "diagnostics": [{"file": None, "line": None, "message": f"bad job: {exc}"}],
+                "artifact": None, "build_seconds": 0.0, "cache_hit": False}
     if solution.format != "workspace":
         # KernelBench files build themselves at import (load_inline); evaluate_job compiles them.
         return {"status": "built", "diagnostics": [], "artifact": None, "build_seconds": 0.0, "cache_hit": False}
     try:
         result = build_workspace(solution.files, settings)
     except Exception as exc:
-        return {"status": "infra_error", "diagnostics": [{"file": None, "line": None, "message": f"harness error: {one_line(exc)}"}], "artifact": None, "build_seconds": 0.0, "cache_hit": False}
+        diagnostics = [{"file": None, "line": None, "message": f"harness error: {one_line(exc)}"}]
+        return {"status": "infra_error", "diagnostics": diagnostics, "artifact": None, "build_seconds": 0.0,
+                "cache_hit": False}
     artifact = None
     if result.status == "built":
         with open(result.so_path, "rb") as handle:
             artifact = handle.read()
-    return {"status": result.status, "diagnostics": result.diagnostics, "artifact": artifact, "build_seconds": result.build_seconds, "cache_hit": result.cache_hit}
+    return {"status": result.status, "diagnostics": result.diagnostics, "artifact": artifact,
+            "build_seconds": result.build_seconds, "cache_hit": result.cache_hit}
 
 
 def evaluate_job(job: dict) -> dict:
@@ -70,7 +72,8 @@ def evaluate_job(job: dict) -> dict:
     try:
         task, solution, settings = _parse_job(job)
     except JobError as exc:
-        record = new_record(str((job.get("task") or {}).get("name", "?")) if isinstance(job, dict) else "?", "?", "?", EvalSettings())
+        record = new_record(str((job.get("task") or {}).get("name", "?")) if isinstance(job, dict) else "?", "?", "?",
+                            EvalSettings())
         return finish(record, "infra_error", f"bad job: {exc}")
     try:
         check_task_source(task.name, task.source)

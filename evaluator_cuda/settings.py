@@ -1,6 +1,6 @@
 """Settings of one evaluation, with the paper's and KernelBench's values as named defaults.
 
-Paper (CUDA Agent, reference.md §4-§6): 5 correctness checks, `assert_close(atol=1e-2, rtol=1e-2)`,
+Paper (CUDA Agent, docs/paper.md §4-§6): 5 correctness checks, `assert_close(atol=1e-2, rtol=1e-2)`,
 5 warm-up and 10 timed calls, `torch.compile` in its default mode, a 5% milestone margin.
 KernelBench: 3 warm-ups, 100 trials, a 256 MiB L2 flush before each trial.
 We keep the paper's check count, tolerances and margin, and time more than the paper
@@ -14,18 +14,15 @@ import dataclasses
 import os
 from pathlib import Path
 
+from cuda_agent.contracts import BACKENDS, PAPER_MARGIN
+
 PAPER_CHECKS = 5
 PAPER_ATOL = 1e-2
 PAPER_RTOL = 1e-2
-PAPER_MARGIN = 0.05
 PAPER_WARMUP = 5
-PAPER_TIMED_CALLS = 10
 KERNELBENCH_L2_FLUSH_BYTES = 256 * 1024 * 1024
-H200_PEAK_FLOPS = 848e12  # dense bf16 FLOP/s measured on the lent H200 (reference.md §12)
-H200_PEAK_BANDWIDTH = 4.3e12  # HBM bytes/s measured on the lent H200 (reference.md §12)
+H200_PEAK_BANDWIDTH = 4.3e12  # HBM bytes/s measured on an H200 (docs/paper.md §12)
 DEFAULT_ARCH_LIST = "9.0"  # Hopper (H100/H200/H20)
-
-BACKENDS = ("cuda", "host")
 
 
 def cache_root() -> Path:
@@ -54,17 +51,17 @@ class EvalSettings:
     child_timeout_s: float = 300.0  # per request to a verify/profile child (torch.compile can be slow)
     cache_dir: str | None = None  # None: cache_root()
     static_checks: bool = True  # reject sources that use threads, processes, sockets, introspection, torch in C++ ...
-    norm_rtol: float = PAPER_RTOL  # scale-aware check: ||out-ref||/||ref|| per tensor (hacks.md #2)
+    norm_rtol: float = PAPER_RTOL  # scale-aware check: ||out-ref||/||ref|| per tensor (docs/cheats.md #2)
     timed_checks: int = 4  # outputs of timed calls checked, a random sample the candidate cannot see
     fresh_input_bytes: int = 1024**3  # budget for distinct timed input sets; beyond it the sets rotate
     reject_precision_downgrade: bool = False  # flag (False) or reject (True) outputs below the dtype's precision
-    peak_flops: float = H200_PEAK_FLOPS  # speed-of-light bound (hacks.md #18)
-    peak_bandwidth: float = H200_PEAK_BANDWIDTH
+    peak_bandwidth: float = H200_PEAK_BANDWIDTH  # the speed-of-light bound of a call (docs/cheats.md #18)
     child_memory_bytes: int | None = None  # RLIMIT_AS of candidate/build children; None: 32 GiB on host, none on CUDA
     child_max_processes: int = 256  # RLIMIT_NPROC above the user's current count (not enforced for root)
     child_cpu_seconds: int = 3600  # RLIMIT_CPU of a child
     isolate_network: bool = True  # children in a network namespace when `unshare -n` works
-    fast_build: bool = True  # evaluator_cuda.fastbuild first (slim headers, ~1 s); the torch build when it cannot decide
+    # evaluator_cuda.extension.fast first (slim headers, ~1 s); the torch build when it cannot decide
+    fast_build: bool = True
 
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else cache_root()

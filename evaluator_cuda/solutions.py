@@ -15,9 +15,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-WORKSPACE_ENTRY = "model_new.py"
-MAX_SOLUTION_BYTES = 16 * 1024 * 1024
-_SKIP_PARTS = {"__pycache__", "build", ".git"}
+from cuda_agent.contracts import SOLUTION_FORMATS, WORKSPACE_ENTRY, JobError, read_solution_job
 
 
 class SolutionError(Exception):
@@ -51,35 +49,20 @@ def reference_solution(stem: str = "") -> Solution:
 
 
 def read_solution(path: str | Path) -> Solution:
-    """Read a workspace folder or a KernelBench single file into a Solution."""
+    """Read a workspace folder or a KernelBench single file into a Solution (the contract
+    module's reader: which files of a workspace count)."""
     path = Path(path)
     stem, variant = split_stem(path.stem if path.is_file() else path.name)
-    if path.is_file():
-        if path.suffix != ".py":
-            raise SolutionError(f"solution {path}: expected a .py file defining ModelNew or a workspace folder")
-        return Solution("kernelbench", {path.name: path.read_bytes()}, path.name, stem, variant)
-    if not path.is_dir():
-        raise SolutionError(f"solution {path}: no such file or folder")
-    if not (path / WORKSPACE_ENTRY).is_file():
-        raise SolutionError(f"solution {path}: workspace has no {WORKSPACE_ENTRY}")
-    files, total = {}, 0
-    for file in sorted(path.rglob("*")):
-        rel = file.relative_to(path)
-        if not file.is_file() or _SKIP_PARTS & set(rel.parts) or rel.name.startswith("."):
-            continue
-        if rel.parts[0] != "kernels" and rel.suffix != ".py":
-            continue
-        data = file.read_bytes()
-        total += len(data)
-        if total > MAX_SOLUTION_BYTES:
-            raise SolutionError(f"solution {path}: more than {MAX_SOLUTION_BYTES // 2**20} MiB of sources")
-        files[rel.as_posix()] = data
-    return Solution("workspace", files, WORKSPACE_ENTRY, stem, variant)
+    try:
+        job = read_solution_job(path)
+    except JobError as exc:
+        raise SolutionError(str(exc)) from None
+    return Solution(job["format"], job["files"], job["entry"], stem, variant)
 
 
 def solution_from_job(job_solution: dict, stem: str = "") -> Solution:
     fmt = job_solution.get("format")
-    if fmt not in ("workspace", "kernelbench", "reference"):
+    if fmt not in SOLUTION_FORMATS:
         raise SolutionError(f"unknown solution format {fmt!r}")
     files = {str(k): bytes(v) for k, v in (job_solution.get("files") or {}).items()}
     entry = job_solution.get("entry") or ""

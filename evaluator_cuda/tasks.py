@@ -70,7 +70,9 @@ def _level_key(path: Path) -> tuple:
 
 
 def _folder_sources(folder: Path) -> list[tuple[str, str, str]]:
-    files = [p for p in folder.rglob("*.py") if p.name != "__init__.py" and not any(part.startswith((".", "_")) for part in p.relative_to(folder).parts)]
+    hidden = (".", "_")
+    files = [p for p in folder.rglob("*.py")
+             if p.name != "__init__.py" and not any(part.startswith(hidden) for part in p.relative_to(folder).parts)]
     out = []
     for path in sorted(files, key=lambda p: _level_key(p.relative_to(folder))):
         name = path.relative_to(folder).with_suffix("").as_posix()
@@ -143,7 +145,7 @@ def exec_task(name: str, source: str, module_name: str = "model") -> dict:
 
 
 def degenerate_reason(outputs: list, rerun, atol: float, rtol: float) -> str | None:
-    """Why a task's reference outputs make a useless benchmark (hacks.md #17, paper §3.2), or None.
+    """Why a task's reference outputs make a useless benchmark (docs/cheats.md #17, docs/paper.md §9), or None.
 
     `outputs`: the reference outputs of several input sets (different seeds); `rerun`: the
     output of the first set computed a second time. Degenerate: random (the rerun disagrees) or
@@ -152,7 +154,7 @@ def degenerate_reason(outputs: list, rerun, atol: float, rtol: float) -> str | N
     """
     import torch
 
-    from .verify import compare_outputs, _tensor_pairs
+    from .verdict.verify import compare_outputs, _tensor_pairs
 
     def tensors(value) -> list:
         return [t for t, _ in _tensor_pairs(value, value)]
@@ -164,22 +166,9 @@ def degenerate_reason(outputs: list, rerun, atol: float, rtol: float) -> str | N
     sets = [tensors(o) for o in outputs]
     if not sets or not sets[0] or any(len(t) != len(sets[0]) for t in sets):
         return None
-    if len(sets) > 1 and all(all(a.shape == b.shape and bool(torch.equal(a, b)) for a, b in zip(ts, sets[0])) for ts in sets[1:]):
+    def same_as_first(ts) -> bool:
+        return all(a.shape == b.shape and bool(torch.equal(a, b)) for a, b in zip(ts, sets[0]))
+
+    if len(sets) > 1 and all(same_as_first(ts) for ts in sets[1:]):
         return "the output does not depend on the inputs"
-    return None
-
-
-def check_task_degenerate(task: "Task", settings=None) -> str | None:
-    """Run the task's reference in a child on fresh inputs and return why it is degenerate, or None."""
-    from .evaluation import evaluate
-    from .settings import EvalSettings
-    from .solutions import reference_solution
-
-    settings = settings or EvalSettings.for_backend("host")
-    settings = EvalSettings.from_dict({**settings.to_dict(), "profile": False})
-    record = evaluate(task, reference_solution(task.stem), settings)
-    if record["status"] == "task_error" and record.get("task_degenerate"):
-        return record["task_degenerate"]
-    if record["status"] == "task_error":
-        raise TaskError(task.name, record["message"].removeprefix(f"task {task.name}: "))
     return None

@@ -32,7 +32,7 @@ def load_model_new(solution: str | Path, so_path: str | None = None, fast_cache_
     """
     solution = Path(solution)
     if solution.is_dir():
-        from evaluator_cuda.child_candidate import load_extension_module
+        from evaluator_cuda.roles.candidate import load_extension_module
 
         load_extension_module(so_path, fast_cache_dir)
         sys.path.insert(0, str(solution))

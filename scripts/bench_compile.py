@@ -3,7 +3,7 @@
 
     (a) kernelbench  torch.utils.cpp_extension.load_inline, torch headers in the .cu (KernelBench style)
     (b) cuda-agent   torch.utils.cpp_extension.load of the harness binding.cpp + kernels/*.cu + *_binding.cpp
-    (c) fast         evaluator_cuda.fastbuild: units alone in parallel, slim headers, content-hash cache
+    (c) fast         evaluator_cuda.extension.fast: units alone in parallel, slim headers, content-hash cache
 
 For each: cold (fresh build folder / cache) and cached (same sources again) wall time. For the fast path also:
 machine-cold (empty cache: precompiled headers + harness object built too), candidate-cold (shared parts
@@ -35,10 +35,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-# The evaluator's children run `python -m evaluator_cuda.child`: they need the checkout on PYTHONPATH too.
+# The evaluator's children run `python -m evaluator_cuda.roles.child`: they need the checkout on PYTHONPATH too.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
-TEMPLATES = REPO / "evaluator_cuda" / "templates"
+TEMPLATES = REPO / "cuda_agent" / "templates"
 
 CUDA_KERNEL = r"""
 #include <cuda_runtime.h>
@@ -207,7 +207,7 @@ def fresh_process_cached_build(files_dir: Path, backend: str, cache: Path, arch:
     code = (
         "import json, sys, time\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from evaluator_cuda.fastbuild import build_fast\n"
+        "from evaluator_cuda.extension.fast.builder import build_fast\n"
         "t0 = time.perf_counter()\n"
         f"r = build_fast({str(files_dir)!r}, backend={backend!r}, cache_dir={str(cache)!r}, arch_list={arch!r})\n"
         "print(json.dumps({'s': time.perf_counter() - t0, 'hit': r.cache_hit, 'torch': 'torch' in sys.modules}))\n"
@@ -219,7 +219,8 @@ def fresh_process_cached_build(files_dir: Path, backend: str, cache: Path, arch:
 
 
 def bench_fast(backend: str, work: Path, arch: str, runs: int) -> dict:
-    from evaluator_cuda.fastbuild import build_fast, ensure_binding_runtime, load_fast_extension
+    from evaluator_cuda.extension.fast.binding_runtime import ensure_binding_runtime, load_fast_extension
+    from evaluator_cuda.extension.fast.builder import build_fast
 
     cache = work / "fast_cache"
     runtime_s, _ = timed(lambda: ensure_binding_runtime(work / "runtime_cache"))
@@ -304,7 +305,8 @@ def bench_examples(backend: str, work: Path, arch: str) -> list[dict]:
 
     import torch
 
-    from evaluator_cuda.fastbuild import build_fast, load_fast_extension
+    from evaluator_cuda.extension.fast.binding_runtime import load_fast_extension
+    from evaluator_cuda.extension.fast.builder import build_fast
 
     cache = work / "fast_cache"  # the shared parts are warm: each example's cold build is a candidate's cold build
     rows = []
@@ -360,7 +362,7 @@ def main() -> int:
     arch = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
     work = Path(tempfile.mkdtemp(prefix="bench_compile-"))
     os.environ["TORCH_EXTENSIONS_DIR"] = str(work / "torch_extensions")
-    from evaluator_cuda.fastbuild.toolchain import find_toolchain
+    from evaluator_cuda.extension.fast.toolchain import find_toolchain
 
     results: dict = {"backend": backend, "arch_list": arch, "torch": torch.__version__, "cuda": torch.version.cuda,
                      "device": torch.cuda.get_device_name() if backend == "cuda" else "cpu",

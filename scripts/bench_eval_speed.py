@@ -4,7 +4,7 @@
 
 Two forms of the same kernel are measured in the same run:
   workspace    the CUDA-Agent workspace (examples/solutions/<backend>/<stem>), built by the evaluator's
-               default fast build (evaluator_cuda.build.build_workspace, settings.fast_build)
+               default fast build (evaluator_cuda.extension.build_workspace, settings.fast_build)
   kernelbench  a KernelBench single file generated here from the same .cu/.cpp kernel and binding
                sources: ModelNew with torch.utils.cpp_extension.load_inline (format "kernelbench")
 
@@ -61,7 +61,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-# The evaluator's children run `python -m evaluator_cuda.child`: they need the checkout on PYTHONPATH too.
+# The evaluator's children run `python -m evaluator_cuda.roles.child`: they need the checkout on PYTHONPATH too.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 from _bench_common import load_model_new, load_task  # noqa: E402
@@ -176,7 +176,7 @@ def kernelbench_source(stem: str, backend: str) -> str:
     """The workspace solution as one KernelBench file: its kernel and binding sources verbatim (the
     harness's binding_registry.h include and REGISTER_BINDING lines dropped: load_inline writes the
     pybind module from `functions` and includes torch/extension.h), model_new.py's ModelNew unchanged."""
-    from evaluator_cuda.build import CXX_FLAGS, NVCC_FLAGS
+    from evaluator_cuda.extension.flags import CXX_FLAGS, NVCC_FLAGS
 
     workspace = SOLUTIONS / backend / stem
     kernels = workspace / "kernels"
@@ -233,7 +233,7 @@ def write_kernelbench(stem: str, backend: str, folder: Path) -> Path:
 
 def compile_workspace(stem: str, backend: str, settings, empty_cache: bool) -> dict:
     """Evaluator fast build: empty cache (first solution only), candidate-cold, cached here and in a new process."""
-    from evaluator_cuda.build import build_workspace
+    from evaluator_cuda.extension.build import build_workspace
     from evaluator_cuda.solutions import read_solution
 
     folder = SOLUTIONS / backend / stem
@@ -442,7 +442,7 @@ def dry_run_kernelbench_cuda(path: Path, settings) -> dict:
 
     import torch.utils.cpp_extension as cpp_extension
 
-    from evaluator_cuda.fastbuild.toolchain import TORCH_NVCC_DEFINES, arch_flags, find_toolchain
+    from evaluator_cuda.extension.fast.toolchain import TORCH_NVCC_DEFINES, arch_flags, find_toolchain
 
     captured: dict = {}
 
@@ -492,7 +492,7 @@ def dry_run_kernelbench_cuda(path: Path, settings) -> dict:
 
 def dry_run(args, cases: list[Case], backend: str, settings, work: Path) -> int:
     from evaluator_cuda.solutions import read_solution
-    from evaluator_cuda.static_checks import check_solution_sources
+    from evaluator_cuda.isolation.static_checks import check_solution_sources
     from evaluator_cuda.tasks import load_tasks
 
     begin = time.perf_counter()
@@ -618,7 +618,7 @@ def main() -> int:
 
     import torch
 
-    from evaluator_cuda.build import build_env
+    from evaluator_cuda.extension.torch_build import build_env
     from evaluator_cuda.settings import EvalSettings
     from evaluator_cuda.solutions import read_solution
     from evaluator_cuda.tasks import load_tasks
@@ -642,7 +642,7 @@ def main() -> int:
     # Children get these from the evaluator; the compile-time and do_bench children of this script need the same.
     os.environ.update(build_env(settings))
     if backend == "cuda" and not os.environ.get("CUDA_HOME"):
-        from evaluator_cuda.fastbuild.toolchain import find_cuda_home
+        from evaluator_cuda.extension.fast.toolchain import find_cuda_home
 
         home = find_cuda_home()  # torch's own guess from a wrapper nvcc on PATH can miss the toolkit's headers
         if home:

@@ -4,7 +4,7 @@
     python scripts/bench_evaluator_gpu.py [--only STEM ...] [--fast-build] [--with-pytest] [--budget-s 420]
 
 For every example under examples/solutions/cuda (honest and __wrong):
-  1. cold compile through evaluator_cuda.build (fresh cache folder, all examples in parallel),
+  1. cold compile through evaluator_cuda.extension.build (fresh cache folder, all examples in parallel),
      then the same build again (cache hit);
   2. two evaluations through evaluator_cuda.evaluation.evaluate: the first measures the
      eager/compile baselines (cache miss), the second reuses them (the steady-state wall time);
@@ -30,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-# The evaluator's children run `python -m evaluator_cuda.child`: they need the checkout on PYTHONPATH too.
+# The evaluator's children run `python -m evaluator_cuda.roles.child`: they need the checkout on PYTHONPATH too.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 TASKS = REPO / "examples" / "tasks"
 SOLUTIONS = REPO / "examples" / "solutions" / "cuda"
@@ -67,7 +67,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--with-pytest", action="store_true", help="also run pytest -m cuda on tests/test_evaluator_*.py")
-    parser.add_argument("--fast-build", action="store_true", help="build through evaluator_cuda.fastbuild first (settings.fast_build)")
+    parser.add_argument("--fast-build", action="store_true", help="build through evaluator_cuda.extension.fast first (settings.fast_build)")
     parser.add_argument("--budget-s", type=float, default=420.0, help="skip remaining do_bench runs past this many seconds")
     parser.add_argument("--do-bench", nargs=4, metavar=("TASK", "SOLUTION", "SO", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -77,7 +77,7 @@ def main() -> int:
 
     import torch
 
-    from evaluator_cuda.build import build_workspace
+    from evaluator_cuda.extension.build import build_workspace
     from evaluator_cuda.evaluation import evaluate
     from evaluator_cuda.settings import EvalSettings
     from evaluator_cuda.solutions import read_solution

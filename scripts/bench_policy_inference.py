@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Inference-side figures of the JAX policy on one GPU (run by the lead on the H200).
+"""Inference-side figures of the JAX policy on one GPU (an H200).
 
 For the Qwen2-0.5B shape (configs/h200_0p5b.yaml, random bf16 weights):
   * sampler: batch 64, prompt 512, 256 new tokens, temperature 1 — generate tokens/s, decode-only
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-HBM_BYTES_PER_S = 4.3e12  # measured HBM copy bandwidth on the lent H200 (docs/paper.md section 12)
-REFERENCE = {  # PyTorch + transformers on the same H200 and model shape (docs/paper.md section 12)
+HBM_BYTES_PER_S = 4.3e12  # measured HBM copy bandwidth on an H200 (docs/paper.md §12)
+REFERENCE = {  # PyTorch + transformers on the same H200 and model shape (docs/paper.md §12)
     "generate_tokens_per_s": 1142.0,
     "fp32_head_logprob_ratio": 2.05,
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training-side figures of the JAX policy on one GPU (run by the lead on the H200).
+"""Training-side figures of the JAX policy on one GPU (an H200).
 
 For configs/h200_0p5b.yaml (Qwen2-0.5B shape, 494M parameters, fp32 master weights, bf16 compute,
 cuDNN attention) at sequence length 4096:
@@ -7,7 +7,7 @@ cuDNN attention) at sequence length 4096:
   * critic step (value loss, AdamW): tokens/s and MFU;
   * batch 8 (and 4) rows, with and without rematerialisation; peak device memory of each (one process per case).
 MFU = 3 x forward matmul FLOPs (projections, MLP, LM head, causal attention) x tokens / time,
-against 848 TFLOP/s, the bf16 matmul rate measured on the lent H200 (docs/paper.md section 12).
+against 848 TFLOP/s, the bf16 matmul rate measured on an H200 (docs/paper.md §12).
 Correctness in the same run: at the first step (ratio = 1) the PPO loss equals -mean(A * w) over
 agent tokens computed here in NumPy; all metrics are finite; repeated steps on one batch lower the loss.
 
@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PEAK_BF16_FLOPS = 848e12  # measured bf16 matmul rate on the lent H200 (docs/paper.md section 12)
-REFERENCE = {"tokens_per_s": 81710.0, "mfu": 0.337}  # PyTorch + transformers, batch 4 x 4096 (section 12)
+PEAK_BF16_FLOPS = 848e12  # measured bf16 matmul rate on an H200 (docs/paper.md §12)
+REFERENCE = {"tokens_per_s": 81710.0, "mfu": 0.337}  # PyTorch + transformers, batch 4 x 4096 (docs/paper.md §12)
 FULL = dict(seq=4096, warmup=2, timed=5)
 QUICK = dict(seq=64, warmup=1, timed=2)
 # (role, batch rows, remat)

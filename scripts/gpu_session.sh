@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# The GPU figures of the project, grouped into calls of at most ~9 minutes each, for the
-# lent H200 (device tool: one command per call, $OUT comes back). Each step has its own time
-# limit, prints as it goes and tees its log to $OUT/<step>.log, so a cut step still leaves its
-# lines; a failing step does not stop the next.
+# The GPU figures of the project on an H200, grouped into runs of at most ~9 minutes each.
+# Each step has its own time limit, prints as it goes and tees its log to $OUT/<step>.log, so a
+# cut step still leaves its lines; a failing step does not stop the next.
 #
 #   bash scripts/gpu_session.sh evaluator   # the hardened CUDA path, do_bench side by side
 #   bash scripts/gpu_session.sh speed       # evaluation speed, both builds

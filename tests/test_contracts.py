@@ -82,19 +82,19 @@ def test_read_solution_job_matches_the_examples_on_disk(tmp_path):
 # --- import directions ------------------------------------------------------------------------
 
 # Which first-party packages each package may import (the README's table). The console root,
-# cuda_agent/cli.py, registers every package's commands and may import them all.
+# cuda_agent/cli.py, registers every package's commands and may import them all. The contract
+# modules (standard library only) are the contracts and the workspace layout.
+CONTRACTS = ("cuda_agent.contracts", "cuda_agent.workspace")
 ALLOWED = {
-    "evaluator_cuda": {"cuda_agent.contracts"},
+    "evaluator_cuda": {*CONTRACTS},
     "bridge": {"cuda_agent.contracts"},
     "policy_jax": {"cuda_agent.contracts"},
-    "agent": {"bridge", "policy_jax", "cuda_agent.contracts"},
+    "agent": {"bridge", "policy_jax", *CONTRACTS},
     "cuda_agent": set(),
 }
 FIRST_PARTY = set(ALLOWED)
-# Known exceptions still to remove, each named with its file: the agent lays out a workspace
-# with the evaluator's layout code and templates (to move into the contract package with the
-# evaluator's next GPU-checked change).
-PENDING = {("agent/workspace.py", "evaluator_cuda")}
+# Known exceptions still to remove, each named with its file (none now).
+PENDING: set = set()
 
 
 _LIST_IMPORTS = """
@@ -135,19 +135,89 @@ def test_packages_import_only_in_the_stated_directions():
                 top = module.split(".")[0]
                 if top not in FIRST_PARTY or top == package:
                     continue
-                if module == "cuda_agent.contracts" or module.startswith("cuda_agent.contracts."):
-                    target = "cuda_agent.contracts"
-                else:
-                    target = top
+                target = next((c for c in CONTRACTS if module == c or module.startswith(c + ".")), top)
                 if target not in allowed:
                     found.add((rel, target))
     assert found == PENDING, f"imports against the stated direction: {sorted(found - PENDING)}; fixed, remove from PENDING: {sorted(PENDING - found)}"
 
 
-def test_the_contract_module_needs_only_the_standard_library():
+@pytest.mark.parametrize("name,allowed", [("cuda_agent.contracts", set()), ("cuda_agent.workspace", {"cuda_agent.contracts"})])
+def test_the_contract_modules_need_only_the_standard_library(name, allowed):
     import sys
 
     stdlib = set(sys.stdlib_module_names)
-    contracts_py = REPO / "cuda_agent" / "contracts.py"
-    used = {m.split(".")[0] for m in _imports_of([contracts_py])[contracts_py]}
+    module_py = REPO / (name.replace(".", "/") + ".py")
+    imports = set(_imports_of([module_py])[module_py])
+    first_party = {m for m in imports if m.split(".")[0] == "cuda_agent"}
+    assert first_party <= allowed, first_party
+    used = {m.split(".")[0] for m in imports - first_party}
     assert used <= stdlib | {"__future__"}, used - stdlib
+
+
+# --- no import cycle inside the evaluator -----------------------------------------------------
+
+_LIST_PACKAGE_IMPORTS = """
+import ast, json, sys
+out = {}
+for path, module, is_package in json.loads(sys.argv[1]):
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    names = []
+    for node in ast.walk(ast.parse(open(path).read())):  # module-level and function-level imports alike
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            parent = base[: len(base) - node.level + 1] if node.level else []
+            stem = ".".join(parent + ([node.module] if node.module else []))
+            names += [stem] + [stem + "." + alias.name for alias in node.names]
+    out[module] = names
+print(json.dumps(out))
+"""
+
+
+def _module_graph(package: str) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports, relative imports resolved (parsed in a fresh interpreter)."""
+    import json
+    import subprocess
+    import sys
+
+    files = []
+    for path in sorted((REPO / package).rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        files.append((str(path), ".".join(parts[:-1] if is_package else parts), is_package))
+    done = subprocess.run([sys.executable, "-c", _LIST_PACKAGE_IMPORTS, json.dumps(files)], capture_output=True, text=True,
+                          timeout=120, check=True)
+    imports = json.loads(done.stdout)
+    return {module: {name for name in names if name in imports and name != module} for module, names in imports.items()}
+
+
+def _a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of the graph as [a, b, ..., a], or None."""
+    state: dict[str, str] = {}  # "open" while on the path, "done" after
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                return path[path.index(target):] + [target]
+            if target not in state:
+                found = visit(target, path + [target])
+                if found:
+                    return found
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            found = visit(module, [module])
+            if found:
+                return found
+    return None
+
+
+def test_the_evaluator_has_no_import_cycle():
+    graph = _module_graph("evaluator_cuda")
+    assert "evaluator_cuda.isolation.wire" in graph["evaluator_cuda.roles.child"]  # relative imports resolved
+    assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check finds one
+    cycle = _a_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)

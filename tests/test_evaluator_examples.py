@@ -53,7 +53,7 @@ def test_main_command_on_host_examples(tmp_path):
     """`cuda-agent bench examples/tasks --solutions examples/solutions --backend host` (verdicts only)."""
     from rich.console import Console
 
-    from evaluator_cuda.bench import run_bench
+    from evaluator_cuda.bench.run import run_bench
 
     settings = EvalSettings.for_backend("host", profile=False)
     result = run_bench(EXAMPLES / "tasks", EXAMPLES / "solutions", settings, tmp_path, console=Console(width=160, record=True))

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from evaluator_cuda.build import build_workspace
+from evaluator_cuda.extension.build import build_workspace
 from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.settings import EvalSettings
 from evaluator_cuda.solutions import Solution, SolutionError, read_solution
@@ -100,7 +100,7 @@ def test_unreadable_solutions_give_one_line(tmp_path):
 
 
 def test_backend_files_are_selected_per_backend():
-    from evaluator_cuda.build import select_sources
+    from evaluator_cuda.extension.sources import select_sources
 
     files = {f"kernels/{n}": b"" for n in ("op.cu", "op.cpp", "op_binding.cpp", "common.cuh", "binding_registry.h", "binding.cpp")}
     files["model_new.py"] = b""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluator_cuda.baselines import BaselineCache, baseline_key
+from evaluator_cuda.timing.baselines import BaselineCache, baseline_key
 from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.service import compile_job, evaluate_job
 from evaluator_cuda.settings import EvalSettings
@@ -128,7 +128,7 @@ def test_timed_outputs_are_checked_against_the_inputs_that_were_sent(build_cache
 def _plant_baselines(cache_dir: str, settings: EvalSettings, eager_us: float, compile_us: float) -> Path:
     import torch
 
-    from evaluator_cuda.child_reference import device_name
+    from evaluator_cuda.roles.reference import device_name
 
     protocol = {"warmup": settings.warmup, "repeats": settings.repeats, "l2_flush_bytes": settings.l2_flush_bytes, "backend": settings.backend}
     key = baseline_key(AXPY_TASK.source, device_name("cpu"), torch.__version__, settings.compile_mode, protocol)
@@ -260,8 +260,8 @@ def test_kernelbench_load_inline_solutions(build_cache):
 
 
 def test_fast_build_and_torch_build_give_the_same_verdicts(build_cache):
-    """The default fast build (evaluator_cuda.fastbuild) and the torch build agree on verdicts."""
-    from evaluator_cuda.fastbuild.runtime import is_fast_extension
+    """The default fast build (evaluator_cuda.extension.fast) and the torch build agree on verdicts."""
+    from evaluator_cuda.extension.fast.binding_runtime import is_fast_extension
 
     for fast in (True, False):
         settings = host(build_cache, fast_build=fast)

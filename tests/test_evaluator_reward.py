@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from evaluator_cuda.metrics import bench_metrics, fast_p, geometric_mean
-from evaluator_cuda.record import finish, new_record
-from evaluator_cuda.reward import beats, milestone_reward
+from cuda_agent.contracts import beats, milestone_reward
+from evaluator_cuda.bench.metrics import bench_metrics, fast_p, geometric_mean
 from evaluator_cuda.settings import EvalSettings
+from evaluator_cuda.verdict.record import finish, new_record
 
 # (correct, t, t_eager, t_compile, expected) — b(t, t0) = (t0 - t)/t0 > 0.05
 CASES = [

@@ -8,8 +8,8 @@ import signal
 import time
 
 from evaluator_cuda import evaluation
-from evaluator_cuda.build import build_env
-from evaluator_cuda.sandbox import StandbySlots, child_guard
+from evaluator_cuda.extension.torch_build import build_env
+from evaluator_cuda.isolation.sandbox import StandbySlots, child_guard
 from evaluator_cuda.settings import EvalSettings
 
 from evaluator_helpers import AXPY_TASK, build_cache, host, model_new_with, workspace  # noqa: F401
@@ -161,8 +161,8 @@ def test_a_dead_parent_leaves_no_children_and_no_folder(tmp_path):
 
     code = (
         "import sys, time\n"
-        "from evaluator_cuda.build import build_env\n"
-        "from evaluator_cuda.sandbox import StandbySlots, child_guard\n"
+        "from evaluator_cuda.extension.torch_build import build_env\n"
+        "from evaluator_cuda.isolation.sandbox import StandbySlots, child_guard\n"
         "from evaluator_cuda.settings import EvalSettings\n"
         f"settings = EvalSettings.for_backend('host', cache_dir={str(tmp_path / 'cache')!r})\n"
         "slots = StandbySlots()\n"

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from evaluator_cuda.bench import run_bench
+from evaluator_cuda.bench.run import run_bench
 from evaluator_cuda.settings import EvalSettings
 from evaluator_cuda.tasks import TaskError, load_tasks
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from evaluator_cuda.evaluation import evaluate
-from evaluator_cuda.verify import SCALE_ATOL_FRACTION, compare_outputs, criterion_of, tensor_atol
+from evaluator_cuda.verdict.verify import SCALE_ATOL_FRACTION, compare_outputs, criterion_of, tensor_atol
 from evaluator_helpers import build_cache, host, small_output_cases  # noqa: F401  (build_cache is a fixture)
 
 CPU = {"cls": "Tensor", "device": "cpu"}

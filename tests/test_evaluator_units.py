@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evaluator_cuda import wire
-from evaluator_cuda.diagnostics import parse_compiler_output
-from evaluator_cuda.torch_guard import ForbiddenTorchCompute, refuse_torch_compute
-from evaluator_cuda.verify import compare_outputs
+from evaluator_cuda.isolation import wire
+from evaluator_cuda.extension.diagnostics import parse_compiler_output
+from evaluator_cuda.isolation.torch_guard import ForbiddenTorchCompute, refuse_torch_compute
+from evaluator_cuda.verdict.verify import compare_outputs
 
 CPU = {"cls": "Tensor", "device": "cpu"}
 
@@ -173,7 +173,7 @@ def test_cuda_timing_functions_are_bound_before_candidate_code_and_patching_them
     change the harness's times (docs/cheats.md #7). Fakes stand in for CUDA here."""
     import time
 
-    from evaluator_cuda import profile
+    from evaluator_cuda.timing import profile
 
     synced = []
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
@@ -194,7 +194,7 @@ def test_cuda_timing_functions_are_bound_before_candidate_code_and_patching_them
 
 
 def test_persisting_l2_reset_reports_what_the_driver_did(monkeypatch):
-    from evaluator_cuda import profile
+    from evaluator_cuda.timing import profile
 
     monkeypatch.setattr(profile, "_reset_persisting_l2", None)
     assert profile.reset_persisting_l2() is False  # no driver (this machine)
@@ -208,7 +208,7 @@ def test_persisting_l2_reset_reports_what_the_driver_did(monkeypatch):
 def test_reference_inputs_fall_back_to_the_host_when_the_device_cannot_make_them():
     """On a GPU the reference child runs get_inputs() under torch.device('cuda'); when that fails
     (here: no GPU at all) it makes the sets on the host, as the task wrote them, from the same seed."""
-    from evaluator_cuda.child_reference import ReferenceRole
+    from evaluator_cuda.roles.reference import ReferenceRole
     from evaluator_cuda.tasks import exec_task
 
     source = "import torch\ndef get_inputs():\n    return [torch.randn(64), 3]\ndef get_init_inputs():\n    return []\nclass Model(torch.nn.Module):\n    def forward(self, x, k):\n        return x * k\n"
@@ -232,17 +232,17 @@ def test_candidate_call_describes_its_output_before_the_host_copy(monkeypatch):
     """The regression behind every honest CUDA kernel judged `incorrect`: the output was copied to
     the host and then described, so a CUDA output was reported as a CPU one. Here the host copy is
     made to land on another device (meta); the description must still be the forward's own."""
-    from evaluator_cuda import child_candidate
-    from evaluator_cuda.verify import compare_outputs
+    from evaluator_cuda.roles import candidate
+    from evaluator_cuda.verdict.verify import compare_outputs
 
     class Double(torch.nn.Module):
         def forward(self, x):
             return x * 2
 
-    role = child_candidate.CandidateRole()
+    role = candidate.CandidateRole()
     role.model, role.device, role.block_torch = Double(), "cpu", False
     role.threads_at_start = {t.ident for t in threading.enumerate()}
-    monkeypatch.setattr(child_candidate, "_copy_out", lambda v: v.to("meta"))
+    monkeypatch.setattr(candidate, "_copy_out", lambda v: v.to("meta"))
     reply = role.do_call({"inputs": [torch.arange(4.0)], "poison": 0})
     assert reply["output"].device.type == "meta"
     assert reply["output_meta"] == [CPU]

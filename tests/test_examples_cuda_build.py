@@ -22,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CUDA_SOLUTIONS = REPO / "examples" / "solutions" / "cuda"
-TEMPLATES = REPO / "evaluator_cuda" / "templates"
+TEMPLATES = REPO / "cuda_agent" / "templates"
 NVCC_FLAGS = ["-O3", "--use_fast_math", "-std=c++17", "-arch=sm_90"]
 
 NVCC = shutil.which("nvcc")

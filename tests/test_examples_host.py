@@ -1,7 +1,7 @@
 """The host-backend example solutions, judged by the project's evaluator (one build path).
 
 Each host solution goes through `evaluator_cuda.service.evaluate_job` with the verdict only
-(`profile: False`): the evaluator builds it (templates/binding.cpp + kernels/*.cpp into the one
+(`profile: False`): the evaluator builds it (cuda_agent/templates/binding.cpp + kernels/*.cpp into the one
 module `cuda_extension`, cached by content hash), runs the task's Model and the candidate's
 ModelNew in separate processes on 5 fresh input sets with a shared state_dict, and compares at
 atol = rtol = 1e-2. The honest solutions must come back `correct`; the deliberately wrong one

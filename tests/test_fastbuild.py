@@ -1,4 +1,4 @@
-"""The fast build path (evaluator_cuda.fastbuild): slim-header bindings, cached parallel builds, runtime loading.
+"""The fast build path (evaluator_cuda.extension.fast): slim-header bindings, cached parallel builds, runtime loading.
 
 Host-backend solutions are built through the fast path and their outputs compared with torch computations
 written out here; compile errors, shim gaps (fallback), link errors and binding errors each have a planted case.
@@ -26,13 +26,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from evaluator_cuda.fastbuild import (  # noqa: E402
-    build_fast,
-    is_fast_extension,
-    load_fast_extension,
-    warm_up,
-)
-from evaluator_cuda.fastbuild.toolchain import arch_flags, cxx_standard_for, find_cuda_home  # noqa: E402
+from evaluator_cuda.extension.fast.binding_runtime import is_fast_extension, load_fast_extension  # noqa: E402
+from evaluator_cuda.extension.fast.builder import build_fast, warm_up  # noqa: E402
+from evaluator_cuda.extension.fast.toolchain import arch_flags, cxx_standard_for, find_cuda_home  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -576,11 +572,11 @@ def test_cuda_axpby_runs_on_the_gpu(cuda_library):
         ext.axpby(x.cpu(), y.cpu(), 1.0)
 
 
-# ---- the adapter evaluator_cuda.build uses, and loading either kind of library ---------------------------------
+# ---- the adapter evaluator_cuda.extension.build uses, and loading either kind of library ---------------------------------
 
 
 def test_build_adapter_speaks_evaluator_build_results(cache, tmp_path):
-    from evaluator_cuda.fastbuild.build_adapter import fast_build_workspace
+    from evaluator_cuda.extension.fast.build_adapter import fast_build_workspace
     from evaluator_cuda.settings import EvalSettings
 
     from evaluator_cuda.settings import cache_root
@@ -607,7 +603,7 @@ def test_build_adapter_speaks_evaluator_build_results(cache, tmp_path):
 
 
 def test_load_extension_picks_the_fast_loader(axpby_ext):
-    from evaluator_cuda.fastbuild import load_extension
+    from evaluator_cuda.extension.fast.binding_runtime import load_extension
 
     module = load_extension(axpby_ext.__file__, module_name="cuda_extension_again")
     x = torch.randn(8)
@@ -624,7 +620,7 @@ def test_fast_and_full_torch_builds_give_identical_outputs(cache, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(solution / "kernels", src / "kernels")
     for name in ("binding.cpp", "binding_registry.h"):
-        shutil.copy(REPO / "evaluator_cuda" / "templates" / name, src / name)
+        shutil.copy(REPO / "cuda_agent" / "templates" / name, src / name)
     full = load(name="cuda_extension", sources=[str(src / "binding.cpp")] + sorted(str(p) for p in (src / "kernels").glob("*.cpp")),
                 extra_cflags=["-O3"], extra_include_paths=[str(src)], build_directory=str(tmp_path), verbose=False)
     result = build_fast(solution, backend="host", cache_dir=cache)
@@ -641,7 +637,7 @@ def test_cli_reports_status_and_exit_code(cache, tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from evaluator_cuda.fastbuild.cli import register
+    from evaluator_cuda.extension.fast.cli import register
 
     app = typer.Typer()
     register(app)
@@ -677,7 +673,7 @@ def test_a_compiler_that_hangs_is_killed_at_the_timeout(cache, tmp_path):
 
 
 def test_paths_that_leave_the_workspace_are_never_written(cache, tmp_path):
-    from evaluator_cuda.fastbuild import select_sources
+    from evaluator_cuda.extension.sources import select_sources
 
     files = {"kernels/../../escape_binding.cpp": b"x", "kernels/ok_binding.cpp": b"y", "/abs/kernels/a.cpp": b"z",
              "kernels/sub/../../../up.h": b"w"}
@@ -687,11 +683,11 @@ def test_paths_that_leave_the_workspace_are_never_written(cache, tmp_path):
 def test_runtime_readiness_is_known_without_importing_torch(axpby_ext, tmp_path):
     import os
 
-    from evaluator_cuda.fastbuild import binding_runtime_ready
+    from evaluator_cuda.extension.fast.binding_runtime import binding_runtime_ready
 
     assert not binding_runtime_ready(tmp_path / "empty-cache")
     code = ("import sys, time\nt0 = time.perf_counter()\n"
-            "from evaluator_cuda.fastbuild.runtime import binding_runtime_ready\n"
+            "from evaluator_cuda.extension.fast.binding_runtime import binding_runtime_ready\n"
             "ready = binding_runtime_ready()\n"
             "print(ready, 'torch' in sys.modules, time.perf_counter() - t0)\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))

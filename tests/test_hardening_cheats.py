@@ -11,7 +11,7 @@ import time
 import pytest
 
 from evaluator_cuda.evaluation import evaluate
-from evaluator_cuda.sandbox import network_namespace_prefix
+from evaluator_cuda.isolation.sandbox import network_namespace_prefix
 from evaluator_cuda.solutions import Solution, reference_solution
 from evaluator_cuda.tasks import Task
 from evaluator_helpers import AXPY_TASK, L2_KERNEL, STREAM_KERNEL, build_cache, host, kernel_with, kernelbench, model_new_with, workspace  # noqa: F401
@@ -76,7 +76,7 @@ def test_2_zeros_for_a_tiny_output_fail_the_scale_check(build_cache):
 def test_2_scale_check_and_input_dependence_by_hand():
     import torch
 
-    from evaluator_cuda.verify import compare_outputs, outputs_ignore_inputs, relative_error
+    from evaluator_cuda.verdict.verify import compare_outputs, outputs_ignore_inputs, relative_error
 
     ref = torch.tensor([3e-3, -4e-3])  # norm 5e-3, every value below atol 1e-2
     cpu = [{"cls": "Tensor", "device": "cpu"}]
@@ -179,7 +179,7 @@ def test_7_patching_torch_timing_is_rejected_before_anything_runs(tmp_path):
 
 
 def test_7_harness_import_is_rejected(tmp_path):
-    rejected(evaluate(AXPY_TASK, kernelbench("return x", prelude="import evaluator_cuda.profile as p"), host(str(tmp_path))), "harness")
+    rejected(evaluate(AXPY_TASK, kernelbench("return x", prelude="import evaluator_cuda.timing.profile as p"), host(str(tmp_path))), "harness")
 
 
 def test_8_forged_output_and_channel_writes_do_not_pass(build_cache):
@@ -255,7 +255,7 @@ def test_11_checks_and_timed_calls_look_the_same_to_the_candidate(build_cache):
 
 def _candidate_messages(monkeypatch) -> list:
     """Record every message the verdict process sends to a candidate child."""
-    from evaluator_cuda import sandbox
+    from evaluator_cuda.isolation import sandbox
 
     sent, submit = [], sandbox.Child.submit
 
@@ -390,7 +390,8 @@ def test_16_extension_never_called_is_rejected(build_cache):
     [("torch.zeros_like(x) + 1.0", "does not depend on the inputs"), ("x + torch.randn_like(x)", "random")],
 )
 def test_17_degenerate_tasks_are_task_errors(tmp_path, expression, needle):
-    from evaluator_cuda.tasks import check_task_degenerate, degenerate_reason
+    from evaluator_cuda.evaluation import check_task_degenerate
+    from evaluator_cuda.tasks import degenerate_reason
 
     task = task_like_axpy("degenerate", expression)
     record = evaluate(task, reference_solution("degenerate"), host(str(tmp_path)))
@@ -402,7 +403,7 @@ def test_17_degenerate_tasks_are_task_errors(tmp_path, expression, needle):
 
 def test_17_small_outputs_are_scored_not_refused(tmp_path):
     """Every value below atol is no longer a degenerate task: it is checked at its own scale."""
-    from evaluator_cuda.tasks import check_task_degenerate
+    from evaluator_cuda.evaluation import check_task_degenerate
 
     task = task_like_axpy("tiny", "x * 1e-5")
     assert check_task_degenerate(task, host(str(tmp_path))) is None

@@ -1,4 +1,4 @@
-"""Static source checks (evaluator_cuda/static_checks.py): every rule fires on a planted
+"""Static source checks (evaluator_cuda/isolation/static_checks.py): every rule fires on a planted
 source, and the honest example solutions (both backends) raise no finding."""
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from evaluator_cuda.solutions import read_solution
-from evaluator_cuda.static_checks import check_cpp_source, check_python_source, check_solution_sources
+from evaluator_cuda.isolation.static_checks import check_cpp_source, check_python_source, check_solution_sources
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "solutions"
 
@@ -32,7 +32,7 @@ def test_honest_examples_have_no_findings(path):
         ("cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);", "side_stream"),
         ("attr.accessPolicyWindow.num_bytes = n;", "persisting_l2"),
         ("void* f = dlsym(RTLD_NEXT, \"cudaEventElapsedTime\");", "detour"),
-        ("PyImport_ImportModule(\"evaluator_cuda.profile\");", "harness"),
+        ("PyImport_ImportModule(\"evaluator_cuda.timing.profile\");", "harness"),
     ],
 )
 def test_cpp_rules(line, reason):

@@ -1,0 +1,1 @@
+"""`cuda-agent bench`: a task set evaluated and reported KernelBench-style."""

@@ -1,0 +1,57 @@
+"""Structured compiler diagnostics: file, line, message, from gcc/clang, nvcc and the linker.
+
+    gcc/clang:  /abs/src/kernels/op.cpp:12:5: error: expected ';' before '}' token
+    nvcc:       /abs/src/kernels/op.cu(12): error: identifier "x" is undefined
+    linker:     undefined reference to `op_launcher'      (no file/line)
+Paths inside the build tree are mapped back to the workspace's relative paths.
+"""
+
+from __future__ import annotations
+
+import re
+
+_GCC = re.compile(r"^(?P<file>[^\s:][^:]*?):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?:fatal )?error:\s*(?P<msg>.*)$")
+_NVCC = re.compile(r"^(?P<file>[^\s(][^(]*?)\((?P<line>\d+)\):\s*(?:catastrophic )?error:?\s*(?P<msg>.*)$")
+_OTHER = re.compile(
+    r"(undefined reference to .*|undefined symbol: .*|multiple definition of .*|ld returned .*|error: .*)")
+
+
+def _relative(path: str, roots: list[str]) -> str:
+    for root in roots:
+        root = root.rstrip("/") + "/"
+        if path.startswith(root):
+            return path[len(root):]
+    return path
+
+
+def parse_compiler_output(text: str, roots: list[str] | None = None, limit: int = 50) -> list[dict]:
+    """Errors found in compiler/linker output as [{"file", "line", "message"}], first error first.
+
+    `roots`: build-tree prefixes to strip so files read as `kernels/op.cu`. Text with no
+    recognisable error gives one diagnostic with file and line None and the last non-empty line.
+    """
+    roots = roots or []
+    found: list[dict] = []
+    seen = set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        match = _GCC.match(line) or _NVCC.match(line)
+        if match:
+            item = {"file": _relative(match["file"], roots), "line": int(match["line"]),
+                    "message": match["msg"].strip()}
+        else:
+            other = _OTHER.search(line)
+            if not other or line.startswith(("FAILED:", "ninja:")):
+                continue
+            item = {"file": None, "line": None, "message": other.group(1).strip()}
+        key = (item["file"], item["line"], item["message"])
+        if key not in seen:
+            seen.add(key)
+            found.append(item)
+        if len(found) >= limit:
+            break
+    if not found:
+        lines = [l.strip() for l in text.splitlines() if l.strip()]
+        found.append({"file": None, "line": None,
+                      "message": lines[-1][:500] if lines else "build failed without output"})
+    return found

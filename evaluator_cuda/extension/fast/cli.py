@@ -1,0 +1,60 @@
+"""`cuda-agent fast-build`: build a workspace solution through the fast path and report (imports stay light).
+
+    cuda-agent fast-build SOLUTION_DIR [--backend cuda|host] [--arch 9.0] [--cache DIR] [--json]
+    cuda-agent fast-build --warm-up [--backend cuda|host]      # precompile the shared parts and the runtime
+
+evaluator_cuda/cli.py adds these with `from .extension.fast.cli import register as register_fast_build`.
+Exit status: 0 built, 1 the candidate's compile error, 3 the solution needs the full torch build.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the fast-build command to the root app."""
+
+    @app.command("fast-build")
+    def fast_build(
+        solution: Optional[Path] = typer.Argument(None, help="workspace folder (with kernels/)"),
+        backend: str = typer.Option("cuda", help="cuda or host"),
+        arch: Optional[str] = typer.Option(None, help="TORCH_CUDA_ARCH_LIST (default: env or 9.0)"),
+        cache: Optional[Path] = typer.Option(None, help="cache folder (default ~/.cache/cuda-agent/fastbuild)"),
+        warm_up: bool = typer.Option(False, "--warm-up", help="build the shared parts and the binding runtime"),
+        as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    ) -> None:
+        """Compile a workspace solution the fast way (slim headers, parallel, cached by content)."""
+        from .builder import build_fast, warm_up as warm_up_build
+
+        if backend not in ("cuda", "host"):
+            typer.echo(f"error: unknown backend {backend!r} (expected cuda or host)", err=True)
+            raise typer.Exit(2)
+        if warm_up:
+            result = warm_up_build(backend, cache, arch)
+            from .binding_runtime import ensure_binding_runtime
+
+            ensure_binding_runtime(cache)
+        elif solution is None or not (solution / "kernels").is_dir():
+            typer.echo(f"error: {solution} is not a workspace folder (no kernels/ inside)", err=True)
+            raise typer.Exit(2)
+        else:
+            result = build_fast(solution, backend, cache, arch)
+        record = {"status": result.status, "so_path": result.so_path, "seconds": round(result.seconds, 3),
+                  "cache_hit": result.cache_hit, "fallback_reason": result.fallback_reason,
+                  "diagnostics": result.diagnostics, "units": result.units}
+        if as_json:
+            typer.echo(json.dumps(record, indent=2))
+        else:
+            typer.echo(f"{result.status} in {result.seconds:.2f} s{' (cached)' if result.cache_hit else ''}"
+                       + (f": {result.so_path}" if result.ok else ""))
+            if result.fallback_reason:
+                typer.echo(f"needs the full torch build: {result.fallback_reason}")
+            for d in result.diagnostics[:20]:
+                where = f"{d['file']}:{d['line']}: " if d.get("file") else ""
+                typer.echo(f"  {where}{d['message']}")
+        raise typer.Exit(0 if result.ok else (3 if result.fallback_reason else 1))

@@ -1,0 +1,167 @@
+"""torch's own build of a workspace solution into the extension module `cuda_extension`.
+
+The harness's own `binding.cpp` and `binding_registry.h` (cuda_agent/templates) are always compiled,
+never a workspace copy, together with the workspace's kernels:
+  cuda backend: kernels/*.cu and kernels/*_binding.cpp
+  host backend: kernels/*.cpp (plain C++ kernels and their bindings), no CUDA at all
+Headers under kernels/ (.h, .cuh, .hpp) are copied alongside. The build runs in a child
+process with a timeout; its result is cached under `<cache>/build/<hash>` where the hash
+covers every source byte, the templates, the backend, the arch list, the flags and the
+torch/Python versions, so an unchanged solution never compiles twice (failures included).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cuda_agent.workspace import HARNESS_FILES, TEMPLATES
+
+from ..isolation.sandbox import Child, ChildFailed, child_guard
+from ..settings import EvalSettings
+from .diagnostics import parse_compiler_output
+from .flags import CXX_FLAGS, NVCC_FLAGS, torch_release
+from .pch import make_pch, ready_pch
+from .result import BuildResult
+
+BUILDER_VERSION = "1"
+SO_NAME = "cuda_extension.so"
+
+
+def build_key(sources: dict[str, bytes], settings: EvalSettings) -> str:
+    """Content hash of everything that decides the built module."""
+    digest = hashlib.sha256()
+    meta = {
+        "builder": BUILDER_VERSION,
+        "backend": settings.backend,
+        "arch": settings.arch_list if settings.backend == "cuda" else "",
+        "cxx": CXX_FLAGS,
+        "nvcc": NVCC_FLAGS,
+        "torch": torch_release(),
+        "python": sys.version_info[:2],
+    }
+    digest.update(json.dumps(meta, sort_keys=True).encode())
+    for name in HARNESS_FILES:
+        digest.update(name.encode() + b"\0" + (TEMPLATES / name).read_bytes() + b"\0")
+    for rel in sorted(sources):
+        digest.update(rel.encode() + b"\0" + sources[rel] + b"\0")
+    return digest.hexdigest()[:32]
+
+
+def build_cache_dir(settings: EvalSettings) -> Path:
+    return settings.cache_path() / "build"
+
+
+def _cached(entry: Path) -> BuildResult | None:
+    so = entry / SO_NAME
+    if so.exists():
+        return BuildResult("built", [], str(so), 0.0, True, entry.name)
+    failed = entry / "compile_error.json"
+    if failed.exists():
+        data = json.loads(failed.read_text())
+        return BuildResult("compile_error", data["diagnostics"], None, 0.0, True, entry.name, data.get("log", ""))
+    return None
+
+
+def build_env(settings: EvalSettings) -> dict[str, str]:
+    """Environment of a compiling child: the arch list is always explicit (no GPU needed to build)."""
+    return {
+        "TORCH_CUDA_ARCH_LIST": settings.arch_list,
+        "TORCH_EXTENSIONS_DIR": str(settings.cache_path() / "torch_extensions"),
+    }
+
+
+def build_with_torch(sources: dict[str, bytes], settings: EvalSettings) -> BuildResult:
+    """Compile the selected sources with torch's build, cached by content hash."""
+    key = build_key(sources, settings)
+    cache = build_cache_dir(settings)
+    entry = cache / key
+    hit = _cached(entry)
+    if hit is not None:
+        return hit
+    cache.mkdir(parents=True, exist_ok=True)
+    # One build per key at a time across processes: a second identical request waits, then hits.
+    with open(cache / f"{key}.lock", "w") as lock:
+        waited = time.perf_counter()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        hit = _cached(entry)
+        if hit is not None:
+            hit.build_seconds = time.perf_counter() - waited
+            return hit
+        return _build_locked(sources, settings, key, cache, entry)
+
+
+def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, cache: Path, entry: Path) -> BuildResult:
+    work = Path(tempfile.mkdtemp(prefix=f"tmp-{key}-", dir=cache))
+    begin = time.perf_counter()
+    try:
+        src = work / "src"
+        (src / "kernels").mkdir(parents=True)
+        pch = ready_pch(settings)
+        shutil.copy(TEMPLATES / "binding.cpp", src / "binding.cpp")
+        if pch is None:
+            shutil.copy(TEMPLATES / "binding_registry.h", src / "binding_registry.h")
+        for rel, data in sources.items():
+            target = src / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        units = [r for r in sorted(sources) if Path(r).suffix in (".cpp", ".cu")]
+        compiled = [str(src / "binding.cpp")] + [str(src / r) for r in units]
+        request = {
+            "cmd": "build",
+            "sources": compiled,
+            "build_dir": str(work / "build"),
+            "include_dirs": [str(pch.parent if pch else src)],
+            "backend": settings.backend,
+            "cflags": list(CXX_FLAGS) + (["-include", str(pch), "-Winvalid-pch"] if pch else []),
+            "cuda_cflags": list(NVCC_FLAGS),
+        }
+        try:
+            with Child("build", work, env=build_env(settings), guard=child_guard(settings)) as child:
+                reply = child.request(request, timeout=settings.compile_timeout_s)
+        except ChildFailed as exc:
+            seconds = time.perf_counter() - begin
+            if exc.kind == "timeout":
+                diag = [{"file": None, "line": None,
+                         "message": f"compilation exceeded the {settings.compile_timeout_s:.0f} s compile timeout"}]
+                return BuildResult("compile_error", diag, None, seconds, False, key, exc.log_tail)
+            diag = [{"file": None, "line": None, "message": str(exc)}]
+            return BuildResult("infra_error", diag, None, seconds, False, key, exc.log_tail)
+        seconds = time.perf_counter() - begin
+        if not reply.get("ok"):
+            text = reply.get("detail") or reply.get("message", "")
+            if reply.get("kind") != "compile":
+                return BuildResult("infra_error", [{"file": None, "line": None, "message": reply.get("message", "")}],
+                                   None, seconds, False, key, text)
+            diag = parse_compiler_output(text, roots=[str(src)] + ([str(pch.parent)] if pch else []))
+            _publish(work, entry, failure={"diagnostics": diag, "log": text[-20000:]})
+            return BuildResult("compile_error", diag, None, seconds, False, key, text)
+        shutil.copy(reply["so_path"], work / SO_NAME)
+        if pch is None:
+            make_pch(work / "build" / "build.ninja", settings)
+        _publish(work, entry)
+        final = entry / SO_NAME
+        return BuildResult("built", [], str(final), seconds, False, key)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _publish(work: Path, entry: Path, failure: dict | None = None) -> None:
+    """Move the result into the cache entry atomically (a concurrent identical build may win)."""
+    staged = work / "entry"
+    staged.mkdir()
+    if failure is not None:
+        (staged / "compile_error.json").write_text(json.dumps(failure))
+    else:
+        os.replace(work / SO_NAME, staged / SO_NAME)
+    try:
+        os.rename(staged, entry)
+    except OSError:
+        pass  # another process published the same key first; its result is identical

@@ -1,0 +1,418 @@
+"""The one place where the evaluator starts child processes.
+
+A child is `python -m evaluator_cuda.roles.child <role>` in its own session (process group), with
+resource limits, its stdout/stderr going to a log file that is never parsed for a verdict,
+and one end of a socket pair the parent owns as its only channel (see wire.py). On timeout
+the whole process group is killed. An untrusted child also gets rlimits (memory, processes,
+CPU time, file size, open files) and, where `unshare` works, its own network namespace
+(protections() records what applied). EvaluationSlot / StandbySlots start an evaluation's two
+children ahead of their work, warming (torch imported, CUDA context made).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from . import wire
+
+CHANNEL_FD_ENV = "CUDA_AGENT_CHANNEL_FD"
+DEFAULT_FILE_SIZE_LIMIT = 8 * 1024**3
+DEFAULT_OPEN_FILES_LIMIT = 4096
+
+
+class ChildFailed(Exception):
+    """The child did not answer: it died, hung past its deadline, or broke the protocol.
+
+    `kind` is "died", "timeout" or "protocol"; `log_tail` holds the end of its stdout/stderr.
+    """
+
+    def __init__(self, kind: str, message: str, log_tail: str = "", returncode: int | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.log_tail = log_tail
+        self.returncode = returncode
+
+
+LIMITS_ENV = "CUDA_AGENT_CHILD_LIMITS"
+
+
+def _user_task_count() -> int:
+    """Processes and threads of this user now (what RLIMIT_NPROC counts)."""
+    uid, count = os.getuid(), 0
+    try:
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    if entry.stat().st_uid == uid:
+                        count += len(os.listdir(f"/proc/{entry.name}/task"))
+                except OSError:
+                    pass
+    except OSError:
+        return 0
+    return count
+
+
+def limit_resources(file_size_limit: int, open_files_limit: int, memory_bytes: int = 0, extra_processes: int = 0,
+                    cpu_seconds: int = 0) -> None:
+    """Applied by the child to itself first thing, before any candidate code can run
+    (not a preexec_fn: the parent may be multi-threaded). 0 leaves a limit unset."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = open_files_limit if hard == resource.RLIM_INFINITY else min(open_files_limit, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    if memory_bytes:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    if cpu_seconds:
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
+    if extra_processes:
+        n = _user_task_count() + extra_processes
+        resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+
+
+_NETNS_PREFIX: list | None = None
+
+
+def network_namespace_prefix() -> list[str]:
+    """The command prefix that starts a child without network (`unshare -n`, or `unshare -rn`
+    through a user namespace), or [] when the OS allows neither. Probed once per process."""
+    global _NETNS_PREFIX
+    if _NETNS_PREFIX is None:
+        _NETNS_PREFIX = []
+        for prefix in (["unshare", "-n"], ["unshare", "-rn"]):
+            try:
+                if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
+                    _NETNS_PREFIX = [*prefix, "--"]
+                    break
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+    return list(_NETNS_PREFIX)
+
+
+def protections(memory_bytes: int | None, extra_processes: int, cpu_seconds: int, isolate_network: bool) -> dict:
+    """What a child gets, as recorded in the result: which protections applied and which not."""
+    prefix = network_namespace_prefix() if isolate_network else []
+    return {
+        "process_group": True,
+        "network": _network_protection(prefix, isolate_network),
+        "memory_bytes": memory_bytes or None,
+        "extra_processes": (extra_processes if os.getuid() != 0
+                            else f"{extra_processes} (not enforced: running as root)"),
+        "cpu_seconds": cpu_seconds,
+        "file_size_bytes": DEFAULT_FILE_SIZE_LIMIT,
+        "solution_read_only": "by permissions" + (" (not enforced: running as root)" if os.getuid() == 0 else ""),
+        "command_prefix": prefix,
+    }
+
+
+def _network_protection(prefix: list[str], isolate_network: bool) -> str:
+    if prefix:
+        return "namespace (" + " ".join(prefix[:-1]) + ")"
+    return "not isolated: unshare unavailable" if isolate_network else "not isolated: disabled"
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class Child:
+    """A running child process with its channel. Use as a context manager; close() kills the group."""
+
+    def __init__(
+        self,
+        role: str,
+        workdir: Path,
+        env: dict[str, str] | None = None,
+        log_name: str | None = None,
+        file_size_limit: int = DEFAULT_FILE_SIZE_LIMIT,
+        guard: dict | None = None,
+    ):
+        """`guard`: protections() for an untrusted child (rlimits, network namespace); None: plain limits."""
+        self.role = role
+        self.workdir = Path(workdir)
+        self.log_path = self.workdir / (log_name or f"{role}.log")
+        parent_sock, child_sock = socket.socketpair()
+        self.sock = parent_sock
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        child_env[CHANNEL_FD_ENV] = str(child_sock.fileno())
+        guard = guard or {}
+        procs = guard.get("extra_processes") or 0
+        procs = procs if isinstance(procs, int) else 0
+        limits = (file_size_limit, DEFAULT_OPEN_FILES_LIMIT, guard.get("memory_bytes") or 0, procs,
+                  guard.get("cpu_seconds") or 0)
+        child_env[LIMITS_ENV] = ",".join(str(limit) for limit in limits)
+        child_env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+        self._log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [*guard.get("command_prefix", []), sys.executable, "-m", "evaluator_cuda.roles.child", role],
+                cwd=str(self.workdir),
+                env=child_env,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(child_sock.fileno(),),
+                start_new_session=True,
+            )
+        finally:
+            child_sock.close()
+
+    def log_tail(self, max_chars: int = 4000) -> str:
+        try:
+            self._log.flush()
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-max_chars:].decode("utf-8", "replace")
+
+    def submit(self, message: dict) -> None:
+        """Send one request without waiting (the reply is collected by result())."""
+        try:
+            wire.send_message(self.sock, message)
+        except wire.ChannelClosed:
+            pass  # the child is gone; result() reports how it ended
+
+    def result(self, timeout: float, tensor_meta: list | None = None) -> dict:
+        """Wait for the reply to the last request; ChildFailed if the child dies, hangs or misbehaves."""
+        try:
+            reply = wire.recv_message(self.sock, timeout=timeout, tensor_meta=tensor_meta)
+        except wire.ChannelTimeout:
+            self.kill()
+            raise ChildFailed("timeout", f"{self.role} process gave no answer within {timeout:.0f} s", self.log_tail())
+        except wire.ChannelClosed:
+            code = self._wait_exit(5.0)
+            raise ChildFailed("died", f"{self.role} process {describe_exit(code)}", self.log_tail(), code)
+        except wire.ProtocolError as exc:
+            self.kill()
+            raise ChildFailed("protocol", f"{self.role} process broke the protocol: {exc}", self.log_tail())
+        if not isinstance(reply, dict):
+            self.kill()
+            raise ChildFailed("protocol", f"{self.role} process sent a reply that is not a mapping", self.log_tail())
+        return reply
+
+    def request(self, message: dict, timeout: float, tensor_meta: list | None = None) -> dict:
+        self.submit(message)
+        return self.result(timeout, tensor_meta)
+
+    def _wait_exit(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.returncode
+
+    def kill(self) -> None:
+        """Kill the child's whole process group (it may have started its own children)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        else:
+            try:  # the leader exited; kill stragglers left in its group
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        """Ask politely, then kill the group."""
+        if self.proc.poll() is None:
+            try:
+                wire.send_message(self.sock, {"cmd": "exit"})
+                self.proc.wait(timeout=1.0)
+            except (wire.ChannelClosed, subprocess.TimeoutExpired, OSError):
+                pass
+        self.kill()
+        self.sock.close()
+        self._log.close()
+
+    def __enter__(self) -> "Child":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+HOST_CHILD_MEMORY_BYTES = 32 * 1024**3
+
+
+def child_guard(settings) -> dict:
+    """protections() for the candidate and build children of an evaluation with `settings`.
+
+    No address-space limit on CUDA by default: the driver reserves far more virtual memory
+    than it uses, so RLIMIT_AS would break every CUDA child.
+    """
+    memory = settings.child_memory_bytes
+    if memory is None:
+        memory = HOST_CHILD_MEMORY_BYTES if settings.backend == "host" else 0
+    return protections(memory, settings.child_max_processes, settings.child_cpu_seconds, settings.isolate_network)
+
+
+# --- Children started ahead of time -------------------------------------------------------
+#
+# Most of a cached evaluation's wall time used to be its children starting: Python, `import
+# torch` and (on a GPU) the CUDA context, once per child, per evaluation. An EvaluationSlot is
+# an evaluation's working folder with both children already started and warming (torch
+# imported, the CUDA context made) before any task or candidate code reaches them. An
+# evaluation takes its slot before its static checks and build, so a cold slot warms while the
+# candidate compiles; a StandbySlots keeps the next slot warming in the background, so a
+# worker's next evaluation finds its children ready. A slot's children never run code of two
+# evaluations: a slot is handed out once, and closed (whole process groups killed) after use.
+
+WARM_ENV = "CUDA_AGENT_CHILD_WARM"
+SLOT_DIR_ENV = "CUDA_AGENT_SLOT_DIR"
+SLOT_PREFIX = "cuda-agent-eval-"
+
+
+def remove_slot_dir(path: str | Path) -> None:
+    """Remove an evaluation slot's folder, read-only solution copy included (only a folder
+    named like one: a stray environment variable cannot aim this elsewhere)."""
+    folder = Path(path)
+    if not folder.name.startswith(SLOT_PREFIX) or not folder.is_dir():
+        return
+    for sub in folder.rglob("*"):
+        if sub.is_dir() and not sub.is_symlink():
+            try:
+                sub.chmod(0o755)
+            except OSError:
+                pass
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def warm_up(device_type: str) -> None:
+    """What a fresh child does before its first request: import torch and, on a GPU, make the
+    CUDA context. Failures are left for the first request to report."""
+    try:
+        import torch
+
+        if device_type == "cuda" and torch.cuda.is_available():
+            torch.empty(1, device="cuda")
+    except Exception:
+        pass
+
+
+def _slot_key(env: dict[str, str], guard: dict) -> tuple:
+    merged = dict(os.environ)
+    merged.update(env)
+    merged.pop(CHANNEL_FD_ENV, None)
+    limits = tuple(sorted((k, str(v)) for k, v in guard.items() if k != "command_prefix"))
+    return (sys.executable, tuple(sorted(merged.items())), tuple(guard.get("command_prefix", [])), limits)
+
+
+class EvaluationSlot:
+    """A working folder with a reference child (cwd: the folder) and a candidate child (cwd: its
+    empty `solution/`, log one level up), both started at once and warming."""
+
+    def __init__(self, env: dict[str, str], guard: dict, device_type: str):
+        self.key = _slot_key(env, guard)
+        self.env, self.guard, self.device_type = dict(env), dict(guard), device_type
+        self.workdir = Path(tempfile.mkdtemp(prefix=SLOT_PREFIX))
+        (self.workdir / "solution").mkdir()
+        self.started_at = time.monotonic()
+        self.used = False  # set once a request reached either child: from then on, never reused
+        warm_env = {**env, WARM_ENV: device_type}
+        self.reference = Child("reference", self.workdir, env={**warm_env, SLOT_DIR_ENV: str(self.workdir)})
+        try:
+            self.candidate = Child("candidate", self.workdir / "solution", env=warm_env, log_name="../candidate.log",
+                                   guard=guard)
+        except BaseException:
+            self.reference.close()
+            raise
+
+    def alive(self) -> bool:
+        return self.reference.proc.poll() is None and self.candidate.proc.poll() is None
+
+    def close(self) -> None:
+        """Kill both children's process groups at once and remove the folder. No polite exit:
+        every reply has been read, the children flush their logs after each request, and an
+        interpreter with torch (and a CUDA context) takes up to a second to exit on its own."""
+        try:
+            self.candidate.kill()
+            self.reference.kill()
+        finally:
+            for child in (self.candidate, self.reference):
+                child.sock.close()
+                child._log.close()
+            remove_slot_dir(self.workdir)
+
+
+class StandbySlots:
+    """At most one evaluation slot kept warming for the next evaluation (thread-safe).
+
+    take() hands out the standby slot when it was started for the same environment and
+    protections and both its children are alive, else starts a fresh one; refill() starts the
+    standby for next time. A slot that was never used (no request sent) may be given back.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._standby: EvaluationSlot | None = None
+        self.hits = 0
+        self.misses = 0
+
+    def take(self, env: dict[str, str], guard: dict, device_type: str) -> EvaluationSlot:
+        key = _slot_key(env, guard)
+        with self._lock:
+            slot, self._standby = self._standby, None
+        if slot is not None and slot.key == key and slot.alive():
+            self.hits += 1
+            return slot
+        if slot is not None:
+            slot.close()
+        self.misses += 1
+        return EvaluationSlot(env, guard, device_type)
+
+    def refill(self, env: dict[str, str], guard: dict, device_type: str) -> None:
+        """Start the standby slot for the next evaluation unless a matching one is warming."""
+        key = _slot_key(env, guard)
+        with self._lock:
+            if self._standby is not None and self._standby.key == key and self._standby.alive():
+                return
+            old, self._standby = self._standby, None
+        if old is not None:
+            old.close()
+        slot = EvaluationSlot(env, guard, device_type)
+        with self._lock:
+            old, self._standby = self._standby, slot
+        if old is not None:
+            old.close()
+
+    def give_back(self, slot: EvaluationSlot) -> None:
+        """Keep an unused slot as the standby (an evaluation that ended before its children ran)."""
+        expected = ("solution", "reference.log", "candidate.log")
+        leftovers = [p for p in slot.workdir.iterdir() if p.name not in expected] if slot.workdir.exists() else []
+        if slot.used or leftovers or any(slot.workdir.joinpath("solution").iterdir()) or not slot.alive():
+            slot.close()
+            return
+        with self._lock:
+            old, self._standby = self._standby, slot
+        if old is not None:
+            old.close()
+
+    def close(self) -> None:
+        with self._lock:
+            slot, self._standby = self._standby, None
+        if slot is not None:
+            slot.close()

@@ -1,0 +1,107 @@
+"""Refuse torch compute outside the candidate's own extension while the candidate runs.
+
+Two layers, both active around each checked forward call:
+- a TorchFunctionMode sees Python-level torch calls (every `torch.nn.functional` callable,
+  `torch.matmul`, tensor methods, ...) and lets through only allocation, views and metadata;
+- a TorchDispatchMode sees every ATen operator that reaches the dispatcher, including those
+  a C++ binding calls (`at::matmul`, `torch::relu`), with the same allow-list at ATen level.
+The paper's harness only replaced `torch.nn.functional`; see docs/cheats.md #16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+# Python-level names (the last component of torch.overrides.resolve_name) that do no math.
+ALLOWED_PYTHON = frozenset(
+    """
+    size dim ndimension numel nelement stride storage_offset is_contiguous element_size data_ptr
+    is_floating_point is_complex is_signed get_device __len__ __format__ __repr__ __hash__
+    view view_as reshape reshape_as flatten unflatten unsqueeze squeeze permute transpose t
+    expand expand_as narrow select split chunk unbind contiguous detach __getitem__
+    to cuda cpu new_empty new_empty_strided new_zeros new_ones new_full new_tensor
+    empty empty_like empty_strided zeros zeros_like ones ones_like full full_like
+    tensor as_tensor is_tensor broadcast_shapes get_default_dtype is_grad_enabled
+    __get__ __set_name__ requires_grad_ __torch_function__ _is_view is_pinned
+    """.split()
+)
+
+# ATen operator packets that allocate, alias or move data without computing on it.
+ALLOWED_ATEN = frozenset(
+    """
+    empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like ones ones_like
+    full full_like fill zero new_zeros new_ones new_full scalar_tensor
+    view _unsafe_view reshape _reshape_alias as_strided alias detach t transpose permute expand
+    squeeze unsqueeze slice select split split_with_sizes unbind chunk narrow unflatten flatten
+    clone copy _to_copy contiguous lift_fresh lift_fresh_copy resize set _local_scalar_dense
+    view_as is_same_size _has_compatible_shallow_copy_type sym_size sym_stride sym_numel
+    sym_storage_offset record_stream
+    """.split()
+)
+
+
+class ForbiddenTorchCompute(RuntimeError):
+    """Raised inside the candidate when it asks torch to compute."""
+
+
+def _python_name(func) -> str:
+    import torch
+
+    try:
+        name = torch.overrides.resolve_name(func)
+    except Exception:
+        name = None
+    return name or getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+
+
+def _aten_allowed(func) -> bool:
+    packet = getattr(func, "overloadpacket", func)
+    namespace = getattr(func, "namespace", None) or getattr(packet, "_qualified_op_name", "aten::").split("::")[0]
+    base = getattr(packet, "__name__", str(packet)).split(".")[-1].rstrip("_")
+    return namespace in ("aten", "prim") and base in ALLOWED_ATEN
+
+
+def _build_modes():
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class RefusePythonCompute(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = _python_name(func)
+            if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+                allowed = _aten_allowed(func)
+            else:
+                allowed = name.rsplit(".", 1)[-1] in ALLOWED_PYTHON
+            if not allowed:
+                raise ForbiddenTorchCompute(
+                    f"{name} is not allowed while the candidate runs (torch compute outside the extension)")
+            return func(*args, **(kwargs or {}))
+
+    class RefuseAtenCompute(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not _aten_allowed(func):
+                packet = getattr(func, "overloadpacket", func)
+                name = f"{getattr(func, 'namespace', 'aten')}::{getattr(packet, '__name__', packet)}"
+                raise ForbiddenTorchCompute(
+                    f"{name} is not allowed while the candidate runs (torch compute outside the extension)")
+            return func(*args, **(kwargs or {}))
+
+    return RefusePythonCompute, RefuseAtenCompute
+
+
+_MODES = None
+
+
+@contextlib.contextmanager
+def refuse_torch_compute(enabled: bool = True):
+    """Context manager: inside it torch computes nothing except allocation, views and metadata."""
+    global _MODES
+    if not enabled:
+        yield
+        return
+    if _MODES is None:
+        _MODES = _build_modes()
+    python_mode, aten_mode = _MODES
+    with python_mode(), aten_mode():
+        yield

@@ -1,0 +1,299 @@
+"""The candidate child: the only process that loads candidate code.
+
+It loads the built extension as `cuda_extension`, imports `ModelNew` (workspace
+`model_new.py`, a KernelBench single file, or the task's own `Model` for a harness
+self-check), runs it on clones of the inputs the parent sends while torch compute outside the
+extension is refused, and times it. It never sees a seed or a reference output.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+
+from ..isolation.wire import describe_tensors
+from ..tasks import TaskError, exec_task
+from ..timing import profile as _profile  # noqa: F401  (binds the harness clock before candidate code loads)
+from .errors import HandlerError, one_line
+
+BUILD_ERROR_MARKER = "Error building extension"
+
+
+def load_extension_module(so_path: str, fast_cache_dir: str | None = None):
+    """Import a built extension file as the module `cuda_extension` (torch-built or fast-built)."""
+    if fast_cache_dir is not None:
+        from ..extension.fast.binding_runtime import is_fast_extension, load_fast_extension
+
+        if is_fast_extension(so_path):
+            return load_fast_extension(so_path, "cuda_extension", fast_cache_dir)
+    loader = importlib.machinery.ExtensionFileLoader("cuda_extension", so_path)
+    spec = importlib.util.spec_from_file_location("cuda_extension", so_path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    sys.modules["cuda_extension"] = module
+    return module
+
+
+def _import_file(module_name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(module_name, str(path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _candidate_traceback(exc: BaseException) -> str:
+    """The traceback without the harness's own frames (what the agent needs to fix its code)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "evaluator_cuda" not in f.filename and "torch/" not in f.filename]
+    lines = traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)
+
+
+def _unsendable(value, depth: int = 0) -> str | None:
+    """Why an output cannot be an answer (None if it can): tensors, scalars and containers only."""
+    import torch
+
+    if depth > 8:
+        return "a structure nested too deeply"
+    if isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor:
+            return f"a tensor of class {type(value).__name__} (expected exactly torch.Tensor)"
+        if value.is_meta or (value.numel() and value.untyped_storage().nbytes() == 0):
+            return "a tensor without real storage"
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return None
+    if isinstance(value, (list, tuple)):
+        return next((p for p in (_unsendable(v, depth + 1) for v in value) if p), None)
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return next((p for p in (_unsendable(v, depth + 1) for v in value.values()) if p), None)
+    return f"a value of type {type(value).__name__}"
+
+
+class CandidateRole:
+    def __init__(self):
+        self.model_class = None
+        self.model = None
+        self.device = "cpu"
+        self.block_torch = True
+        self.threads_at_start: set = set()
+        self.block_sizes: list[int] = []
+        self.flush = None
+        self.extension_calls = [0]
+        self.require_extension = False
+        self.stored: dict = {}  # id -> (device values, values as received) of sets that later calls reuse
+        self.l2_resets = 0  # calls before which the driver demoted persisting L2 lines (CUDA)
+
+    def do_load(self, req: dict) -> dict:
+        self.device = req["device"]
+        self.block_torch = bool(req["block_torch"])
+        solution_dir = Path(req["solution_dir"])
+        sys.path.insert(0, str(solution_dir))
+        import torch  # noqa: F401  (torch before any extension)
+
+        if self.device == "cuda":
+            _profile.bind_cuda_timing()  # before any candidate code can rebind torch.cuda's timing functions
+
+        self.require_extension = req["format"] != "reference" and self.block_torch
+        if req["format"] == "kernelbench":  # it builds its own extension (torch.utils.cpp_extension is slow to import)
+            _count_built_extensions(self.extension_calls)
+        if req.get("extension_path"):
+            try:
+                count_extension_calls(load_extension_module(req["extension_path"], req.get("fast_cache_dir")),
+                                      self.extension_calls)
+            except Exception as exc:
+                raise HandlerError("compile", f"the built extension does not import: {one_line(exc)}",
+                                   traceback.format_exc()) from None
+        fmt = req["format"]
+        try:
+            if fmt == "reference":
+                namespace = exec_task(req["task_name"], req["task_source"], module_name="reference_task")
+                self.model_class = namespace["Model"]
+                return {}
+            path = solution_dir / req["entry"]
+            module = _import_file("model_new", path)
+        except TaskError as exc:
+            raise HandlerError("task", str(exc)) from None
+        except SyntaxError as exc:
+            raise HandlerError("syntax", f"{Path(exc.filename or req['entry']).name}:{exc.lineno}: {exc.msg}",
+                               f"{req['entry']}\n{exc.lineno}\n{exc.msg}") from None
+        except Exception as exc:
+            text = str(exc)
+            if BUILD_ERROR_MARKER in text:
+                raise HandlerError("compile", one_line(exc), text) from None
+            raise HandlerError("runtime", f"importing {req['entry']} raised {one_line(exc)}",
+                               _candidate_traceback(exc)) from None
+        model_class = getattr(module, "ModelNew", None)
+        if model_class is None:
+            raise HandlerError("runtime", f"{req['entry']} defines no ModelNew")
+        self.model_class = model_class
+        return {}
+
+    def do_prepare(self, req: dict) -> dict:
+        """Build ModelNew with the reference's constructor arguments and weights."""
+        import threading
+
+        try:
+            model = self.model_class(*req["init_inputs"])
+            model = model.eval().to(self.device)
+        except Exception as exc:
+            raise HandlerError("runtime", f"ModelNew(*get_init_inputs()) raised {one_line(exc)}",
+                               _candidate_traceback(exc)) from None
+        try:
+            model.load_state_dict(req["state_dict"], strict=True)
+        except Exception as exc:
+            raise HandlerError("state_dict",
+                               f"ModelNew does not take the reference's state_dict: {one_line(exc)}") from None
+        self.model = model
+        self.threads_at_start = {t.ident for t in threading.enumerate()}
+        return {}
+
+    def do_call(self, req: dict) -> dict:
+        """One call of the candidate: every call (checked or timed) takes exactly this path.
+
+        Fresh device copies of an input set (sent with the call, or kept from an earlier call
+        under an id), poisoned allocator blocks, L2 flushed, torch compute refused, timed,
+        synchronised; the output is copied out at once and the inputs compared with pristine
+        copies. A set arrives with its first call, never earlier: no future input is ever in
+        this process (a candidate cannot do the work of later calls ahead, docs/cheats.md #10).
+        """
+        import torch
+
+        from ..isolation.torch_guard import ForbiddenTorchCompute, refuse_torch_compute
+        from ..timing.profile import flush_l2, poison_allocator, reset_persisting_l2, time_one_call
+
+        if self.model is None:
+            raise HandlerError("internal", "call before prepare")
+        on_device, values = self._input_set(req)
+        pristine = [a if isinstance(a, torch.Tensor) else None for a in on_device]
+        args = [a.clone() if a is not None else v for a, v in zip(pristine, values)]  # the candidate gets clones only
+        poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)
+        if self.device == "cuda" and self.flush is None and int(req.get("l2_flush_bytes", 0)):
+            self.flush = torch.empty(int(req["l2_flush_bytes"]) // 4, dtype=torch.int32, device="cuda")
+        if self.device == "cuda":
+            self.l2_resets += reset_persisting_l2()
+        flush_l2(self.flush)
+        calls_before = self.extension_calls[0]
+        model = self.model
+        try:
+            with torch.no_grad(), refuse_torch_compute(self.block_torch):
+                out, time_us, wall_us = time_one_call(lambda: model(*args), self.device)
+        except ForbiddenTorchCompute as exc:
+            raise HandlerError("forbidden", str(exc), _candidate_traceback(exc)) from None
+        except Exception as exc:
+            raise HandlerError("runtime", f"forward raised {one_line(exc)}", _candidate_traceback(exc)) from None
+        self._check_call(out, args, pristine, calls_before)
+        described = describe_tensors(out)  # class and device as forward returned them, before the host copy
+        copied = _copy_out(out)
+        # output-sized blocks: where empty_like lands
+        self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]
+        return {"output": copied, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
+                "l2_resets": self.l2_resets}
+
+    def _input_set(self, req: dict) -> tuple[list, list]:
+        """(device values, values as received) of the call's input set: sent with it, or kept
+        under an id from an earlier call."""
+        from .reference import to_device
+
+        if "set" in req:
+            if str(req["set"]) not in self.stored:
+                raise HandlerError("internal", f"no kept input set {req['set']!r}")
+            return self.stored[str(req["set"])]
+        values = list(req["inputs"])
+        on_device = to_device(values, self.device)
+        if req.get("keep_as"):  # the parent will name this set again in a later call
+            self.stored[str(req["keep_as"])] = (on_device, values)
+        return on_device, values
+
+    def _check_call(self, out, args: list, pristine: list, calls_before: int) -> None:
+        """What a call may not do, checked after it: an output that cannot be sent, no call into the
+        extension, a new thread, a changed input."""
+        import threading
+
+        problem = _unsendable(out)
+        if problem:
+            raise HandlerError("incorrect", f"forward returned {problem}")
+        if self.require_extension and self.extension_calls[0] == calls_before:
+            raise HandlerError("no_kernel",
+                               "forward never called the custom extension (a real kernel must run on every call)")
+        new_threads = {t.ident for t in threading.enumerate()} - self.threads_at_start
+        if new_threads:
+            raise HandlerError("threads",
+                               f"the candidate started {len(new_threads)} thread(s); background work is not allowed")
+        mutated = [i for i, (a, p) in enumerate(zip(args, pristine)) if p is not None and not _same_tensor(a, p)]
+        if mutated:
+            raise HandlerError("mutated_inputs", f"forward modified its input(s) {mutated}")
+
+
+def _same_tensor(a, b) -> bool:
+    import torch
+
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and bool(
+        torch.equal(a, b)
+        or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
+            and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))))
+
+
+def _tensor_bytes(value) -> list[int]:
+    """Byte sizes of the tensors in a nested value (the allocation sizes worth poisoning)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value.numel() * value.element_size()] if value.numel() else []
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _tensor_bytes(v)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _tensor_bytes(v)]
+    return []
+
+
+def _copy_out(value):
+    """A harness-owned copy of an output, made right after the call (later calls cannot alter it)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, list):
+        return [_copy_out(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_copy_out(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copy_out(v) for k, v in value.items()}
+    return value
+
+
+def count_extension_calls(module, counter: list) -> None:
+    """Replace each public callable of the extension module by a wrapper that counts calls."""
+    import functools
+
+    for name in dir(module):
+        fn = getattr(module, name)
+        if name.startswith("_") or not callable(fn) or isinstance(fn, type):
+            continue
+
+        def wrapper(*args, __fn=fn, **kwargs):
+            counter[0] += 1
+            return __fn(*args, **kwargs)
+
+        functools.update_wrapper(wrapper, fn) if hasattr(fn, "__name__") else None
+        setattr(module, name, wrapper)
+
+
+def _count_built_extensions(counter: list) -> None:
+    """Make extensions a KernelBench file builds itself (load_inline / load) count their calls too."""
+    from torch.utils import cpp_extension
+
+    for name in ("load_inline", "load"):
+        original = getattr(cpp_extension, name)
+
+        def loader(*args, __original=original, **kwargs):
+            module = __original(*args, **kwargs)
+            if module is not None and not isinstance(module, str):
+                count_extension_calls(module, counter)
+            return module
+
+        setattr(cpp_extension, name, loader)

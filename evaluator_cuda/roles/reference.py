@@ -1,0 +1,212 @@
+"""The reference child: runs the task's `Model`, never any candidate code.
+
+It builds the reference model from the task source, makes the input sets from the seeds the
+parent chose, computes the reference outputs from untouched inputs, and times the eager and
+`torch.compile` baselines. Everything it sends goes to the parent only.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..tasks import TaskError, exec_task
+from .errors import HandlerError, one_line
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def to_device(values, device: str):
+    """Move the tensors of a list/tuple of inputs to `device`; other values pass through."""
+    import torch
+
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def device_name(device: str) -> str:
+    """The GPU's name, or the CPU model for the host backend."""
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return "cpu: " + (platform.processor() or platform.machine())
+
+
+def _check_inputs(task_name: str, fn_name: str, values) -> list:
+    import torch
+
+    if not isinstance(values, (list, tuple)):
+        raise TaskError(task_name, f"{fn_name}() returned {type(values).__name__}, expected a list or tuple")
+    for v in values:
+        if not isinstance(v, (torch.Tensor, int, float, bool, str, type(None), list, tuple, torch.dtype)):
+            raise TaskError(task_name, f"{fn_name}() returned an element of type {type(v).__name__}")
+    return list(values)
+
+
+def _disagree(first, again) -> bool:
+    """Two runs of the reference on the same inputs differ beyond atol/rtol (a random operator)."""
+    import torch
+
+    from ..verdict.verify import compare_outputs
+
+    def cpu(value):
+        if isinstance(value, torch.Tensor):
+            return value.detach().cpu()
+        if isinstance(value, (list, tuple)):
+            return type(value)(cpu(v) for v in value)
+        if isinstance(value, dict):
+            return {k: cpu(v) for k, v in value.items()}
+        return value
+
+    first, again = cpu(first), cpu(again)
+    meta = [{"cls": "Tensor", "device": "cpu"}] * 100_000  # one per output tensor (compare_outputs pops them)
+    return compare_outputs(first, again, meta, "cpu", 1e-2, 1e-2) is not None
+
+
+class ReferenceRole:
+    def __init__(self):
+        self.namespace = None
+        self.model = None
+        self.device = "cpu"
+        self.timing_inputs = None
+        self.timed_outputs: dict = {}  # seed -> reference output of a timed input set
+        self.generate_on_device = True
+
+    def _task_call(self, what: str, fn):
+        try:
+            return fn()
+        except TaskError:
+            raise
+        except Exception as exc:
+            raise TaskError(self.task_name, f"{what} raised {one_line(exc)}") from None
+
+    def do_load(self, req: dict) -> dict:
+        import torch
+
+        self.task_name = req["task_name"]
+        self.device = req["device"]
+        try:
+            self.namespace = exec_task(self.task_name, req["task_source"])
+            init_inputs = _check_inputs(self.task_name, "get_init_inputs",
+                                        self._task_call("get_init_inputs()", self.namespace["get_init_inputs"]))
+            torch.manual_seed(int(req["init_seed"]))
+            model = self._task_call("Model(*get_init_inputs())", lambda: self.namespace["Model"](*init_inputs))
+            if not isinstance(model, torch.nn.Module):
+                raise TaskError(self.task_name, "Model is not a torch.nn.Module")
+            self.model = model.eval().to(self.device)
+        except TaskError as exc:
+            raise HandlerError("task", str(exc)) from None
+        return {
+            "init_inputs": init_inputs,
+            "state_dict": dict(self.model.state_dict()),
+            "device_name": device_name(self.device),
+            "torch_version": torch.__version__,
+            "cuda_version": torch.version.cuda,
+        }
+
+    def do_reference(self, req: dict) -> dict:
+        import torch
+
+        input_sets, outputs = [], []
+        try:
+            for seed in req["seeds"]:
+                inputs = self._inputs_from_seed(seed)
+                device_inputs = to_device(inputs, self.device)
+                with torch.no_grad():
+                    out = self._task_call("the reference forward", lambda: self.model(*device_inputs))
+                _sync(self.device)
+                if self.timing_inputs is None:
+                    self.timing_inputs = device_inputs
+                input_sets.append(inputs)
+                outputs.append(out)
+            rerun = None
+            if req.get("rerun") and req["seeds"]:  # the first set once more, RNG not reseeded: random ops show
+                first = to_device(input_sets[0], self.device)
+                with torch.no_grad():
+                    rerun = self._task_call("the reference forward", lambda: self.model(*first))
+                _sync(self.device)
+        except TaskError as exc:
+            raise HandlerError("task", str(exc)) from None
+        generated_on = "cuda" if self.device == "cuda" and self.generate_on_device else "cpu"
+        return {"inputs": input_sets, "outputs": outputs, "random": rerun is not None and _disagree(outputs[0], rerun),
+                "generated_on": generated_on}
+
+    def _inputs_from_seed(self, seed: int) -> list:
+        """get_inputs() after seeding. On a GPU the task's factory calls (torch.randn, ...) run
+        on the device, under `torch.device`: host-side generation of large random tensors would
+        cost more than the whole evaluation. A task whose get_inputs() fails that way (or
+        returns something the device cannot hold) is generated on the host as written."""
+        import torch
+
+        get_inputs = self.namespace["get_inputs"]
+        if self.device == "cuda" and self.generate_on_device:
+            torch.manual_seed(int(seed))
+            try:
+                with torch.device("cuda"):
+                    return _check_inputs(self.task_name, "get_inputs", get_inputs())
+            except Exception:
+                self.generate_on_device = False  # every later set on the host too, so all sets match in kind
+        torch.manual_seed(int(seed))
+        return _check_inputs(self.task_name, "get_inputs", self._task_call("get_inputs()", get_inputs))
+
+    def do_inputs(self, req: dict) -> dict:
+        """Input sets for timed calls. Their reference outputs are computed now, from the
+        untouched inputs, and kept here: the parent asks for the ones it checks after the calls."""
+        import torch
+
+        inputs = []
+        try:
+            for seed in req["seeds"]:
+                values = self._inputs_from_seed(seed)
+                device_inputs = to_device(values, self.device)
+                with torch.no_grad():
+                    self.timed_outputs[int(seed)] = self._task_call(
+                        "the reference forward", lambda: self.model(*device_inputs))
+                _sync(self.device)
+                inputs.append(values)
+        except TaskError as exc:
+            raise HandlerError("task", str(exc)) from None
+        return {"inputs": inputs}
+
+    def do_outputs(self, req: dict) -> dict:
+        """Reference outputs of timed input sets (kept since do_inputs)."""
+        missing = [seed for seed in req["seeds"] if int(seed) not in self.timed_outputs]
+        if missing:
+            raise HandlerError("internal", f"no reference outputs kept for seeds {missing}")
+        return {"outputs": [self.timed_outputs[int(seed)] for seed in req["seeds"]]}
+
+    def do_baselines(self, req: dict) -> dict:
+        import torch
+
+        from ..timing.profile import summarize_times, time_forward
+
+        args = self.timing_inputs
+        kwargs = dict(warmup=int(req["warmup"]), repeats=int(req["repeats"]), device_type=self.device,
+                      l2_flush_bytes=int(req["l2_flush_bytes"]))
+        eager_samples, _ = time_forward(lambda: self.model(*args), **kwargs)
+        result = {"eager": summarize_times(eager_samples), "compile": None, "compile_error": None}
+        mode = req.get("compile_mode") or "default"
+        try:
+            compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
+            begin = time.perf_counter()
+            with torch.no_grad():
+                compiled(*args)
+            _sync(self.device)
+            result["compile_first_call_s"] = time.perf_counter() - begin
+            compile_samples, _ = time_forward(lambda: compiled(*args), **kwargs)
+            result["compile"] = summarize_times(compile_samples)
+        except Exception as exc:
+            result["compile_error"] = one_line(exc)
+        return result

@@ -1,0 +1,175 @@
+"""Timing of one module's forward: warm-up, synchronisation, L2 flush, several repeats.
+
+CUDA: one pair of CUDA events per call, a device-wide synchronize after each call, and the
+L2 cache flushed (a 256 MiB buffer zeroed, as KernelBench and triton's do_bench do) before
+each timed call. Host backend: `time.perf_counter_ns` around each call. Each measurement is
+a list of per-call times in microseconds, summarised by its median and spread.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+# Bound once, when the harness is imported and before any candidate code runs: a candidate
+# that later replaces time.perf_counter_ns does not change what the harness reads (docs/cheats.md #7).
+_clock_ns = time.perf_counter_ns
+
+# The CUDA timing functions, bound the same way by bind_cuda_timing() in the candidate child,
+# after torch is imported and before the candidate's code is: (Event class, Event.record,
+# Event.elapsed_time, torch.cuda.synchronize). Rebinding them later in torch changes nothing
+# here; the static checks reject sources that assign to module attributes at all.
+_cuda_timing: tuple | None = None
+_reset_persisting_l2 = None
+
+# GPU cycles of a busy-wait queued just before each start event (about 0.5 ms at the H200's
+# ~2 GHz): the host reaches the launch while the GPU still spins, so the host-side cost of the
+# call (Python, the compute guard, argument checks) is not counted as kernel time. What the
+# host does beyond it shows in the wall-clock cross-check.
+LAUNCH_PAD_CYCLES = 1_000_000
+
+
+def bind_cuda_timing() -> None:
+    """Bind the CUDA event/synchronize functions and the driver's persisting-L2 reset now."""
+    global _cuda_timing, _reset_persisting_l2
+    import torch
+
+    event = torch.cuda.Event
+    _cuda_timing = (event, event.record, event.elapsed_time, torch.cuda.synchronize, torch.cuda._sleep)
+    _reset_persisting_l2 = _driver_persisting_l2_reset()
+
+
+def _driver_persisting_l2_reset():
+    """cuCtxResetPersistingL2Cache from the CUDA driver (None without one)."""
+    import ctypes
+
+    try:
+        function = ctypes.CDLL("libcuda.so.1").cuCtxResetPersistingL2Cache
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = []
+    return function
+
+
+def reset_persisting_l2() -> bool:
+    """Demote every persisting L2 line of the current context to normal (docs/cheats.md #19), so the
+    L2 flush that follows evicts them too. True when the driver did it."""
+    return bool(_reset_persisting_l2 is not None and _reset_persisting_l2() == 0)
+
+
+# Two poison byte patterns, alternated call by call (docs/cheats.md #1, #14): 0xFF is NaN in every
+# float format; 0x7F gives large finite values (3.4e38 in float32, 0x7F7F in bf16).
+POISON_BYTES = (0xFF, 0x7F)
+HOST_MMAP_THRESHOLD_MAX = 32 * 1024**2  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+
+
+def summarize_times(samples_us: list[float]) -> dict:
+    """Median and spread of per-call times (µs): median, mean, std, min, max, p25, p75, n."""
+    if not samples_us:
+        raise ValueError("no timing samples")
+    ordered = sorted(samples_us)
+    n = len(ordered)
+
+    def quantile(q: float) -> float:
+        pos = q * (n - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    return {
+        "median_us": statistics.median(ordered),
+        "mean_us": statistics.fmean(ordered),
+        "std_us": statistics.pstdev(ordered) if n > 1 else 0.0,
+        "min_us": ordered[0],
+        "max_us": ordered[-1],
+        "p25_us": quantile(0.25),
+        "p75_us": quantile(0.75),
+        "n": n,
+    }
+
+
+def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_bytes: int = 0):
+    """Per-call times (µs) of `call()` after `warmup` untimed calls; returns (samples, last_output)."""
+    import torch
+
+    output = None
+    with torch.no_grad():
+        for _ in range(warmup):
+            output = call()
+        if device_type == "cuda":
+            flush = None
+            if l2_flush_bytes:
+                flush = torch.empty(max(l2_flush_bytes // 4, 1), dtype=torch.int32, device="cuda")
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+            torch.cuda.synchronize()
+            for i in range(repeats):
+                if flush is not None:
+                    flush.zero_()
+                torch.cuda._sleep(LAUNCH_PAD_CYCLES)
+                starts[i].record()
+                output = call()
+                ends[i].record()
+                torch.cuda.synchronize()
+            samples = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
+        else:
+            samples = []
+            for _ in range(repeats):
+                begin = _clock_ns()
+                output = call()
+                samples.append((_clock_ns() - begin) / 1000.0)
+    return samples, output
+
+
+def poison_allocator(block_sizes: list[int], parity: int, device_type: str) -> None:
+    """Allocate blocks of the given byte sizes, fill them with a poison pattern and free them,
+    so that an output the candidate allocates next starts out as poison, not as an earlier
+    result (torch's caching allocator on CUDA, malloc's free lists on the host)."""
+    import torch
+
+    device = "cuda" if device_type == "cuda" else "cpu"
+    value = POISON_BYTES[parity % len(POISON_BYTES)]
+    # On the host, blocks above malloc's largest mmap threshold come back from the OS zeroed
+    # and are unmapped when freed: poisoning them would cost time and reach nothing.
+    limit = None if device == "cuda" else HOST_MMAP_THRESHOLD_MAX
+    blocks = [torch.empty(n, dtype=torch.uint8, device=device).fill_(value)
+              for n in block_sizes if n > 0 and (limit is None or n <= limit)]
+    del blocks
+
+
+def flush_l2(buffer) -> None:
+    """Zero a buffer larger than L2 (no-op without one)."""
+    if buffer is not None:
+        buffer.zero_()
+
+
+def time_one_call(call, device_type: str):
+    """(output, device_time_us, wall_time_us) of one call.
+
+    CUDA: events around the call on the current stream, then a device-wide synchronize (work
+    left on other streams finishes before the wall clock stops); the wall time (which also
+    covers the rest of the L2 flush and the launch) is a cross-check. Host: the wall clock.
+    """
+    if device_type == "cuda":
+        import torch
+
+        event, record, elapsed_time, synchronize, sleep = _cuda_timing or (
+            torch.cuda.Event, torch.cuda.Event.record, torch.cuda.Event.elapsed_time, torch.cuda.synchronize,
+            torch.cuda._sleep)
+        # No synchronize before the start event: the L2 flush and the launch pad queued just
+        # before keep the GPU busy while the host reaches the launch, so the host overhead of
+        # the call and the guard is not counted as GPU time. The previous call ended synchronised.
+        start, end = event(enable_timing=True), event(enable_timing=True)
+        sleep(LAUNCH_PAD_CYCLES)
+        begin = _clock_ns()
+        record(start)
+        output = call()
+        record(end)
+        synchronize()
+        wall_us = (_clock_ns() - begin) / 1000.0
+        return output, elapsed_time(start, end) * 1000.0, wall_us
+    begin = _clock_ns()
+    output = call()
+    wall_us = (_clock_ns() - begin) / 1000.0
+    return output, wall_us, wall_us
