@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.sandbox import can_switch_uid, kill_processes_of_uid
+from agent.sandbox import can_switch_uid, jail_has_view, kill_processes_of_uid
 
 TASK_FILE = "model.py"
 SOLUTION_MODEL_FILE = "model_new.py"
@@ -237,7 +237,9 @@ def create_workspace(
         init_workspace(EvaluatorTask(name=task_name, source=task_source), root)
     except LayoutError as error:
         raise WorkspaceError(str(error)) from None
-    uid = claim_sandbox_uid(uid_base) if isolate_uid and can_switch_uid() and _traversable_by_others(root) else None
+    # The jail binds the workspace itself; without the jail's view a foreign uid must reach it.
+    reachable = jail_has_view() or _traversable_by_others(root)
+    uid = claim_sandbox_uid(uid_base) if isolate_uid and can_switch_uid() and reachable else None
     for name in (TASK_FILE, *TEMPLATE_FILES):
         os.chmod(root / name, 0o444)
     workspace = Workspace(root=root, task_name=task_name, task_source=task_source, sandbox_uid=uid)

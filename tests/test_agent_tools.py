@@ -6,9 +6,11 @@ import asyncio
 import json
 import os
 import shutil
+import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 
 from agent.config import AgentConfig, SandboxLimits, load_agent_config
 from agent.prompts import system_prompt
-from agent.sandbox import can_switch_uid, sandbox_report
+from agent.sandbox import can_switch_uid, jail_has_view, sandbox_report
 from agent.tool_calls import ToolCall, ToolCallError, format_tool_call, parse_tool_calls
 from agent.toolbox import Toolbox
 from agent.tools import default_tools
@@ -198,6 +200,56 @@ def test_commands_cannot_touch_the_task_or_outside(context, tmp_path):
 def test_commands_have_no_network(context):
     text, _ = call(context, "Bash", command="tail -n +3 /proc/self/net/dev | cut -d: -f1")
     assert [line.strip() for line in text.split("\n")[:-2] if line.strip()] == ["lo"]
+
+
+@pytest.mark.skipif(not jail_has_view(), reason="this machine cannot build the jail's namespaces")
+def test_commands_see_only_their_own_processes(context):
+    """Finding 7: Bash could read every process's command line (secrets passed in argv leaked)."""
+    secret = f"token-{os.getpid()}-{time.time_ns()}"
+    host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", secret])
+    try:
+        time.sleep(0.2)
+        text, _ = call(context, "Bash", command=f"ps -e -o pid=,args=; echo; cat /proc/[0-9]*/cmdline | tr '\\0' ' '; echo; cat /proc/{host.pid}/cmdline; echo; ls /proc | grep -cE '^[0-9]+$'")
+        assert secret not in text, text
+        pids = [line.split()[0] for line in text.split("\n\n")[0].strip().splitlines()]
+        assert "1" in pids and len(pids) <= 4, text  # the jail's init, bash, ps
+        assert f"/proc/{host.pid}/cmdline: No such file" in text or int(host.pid) < 20
+    finally:
+        host.kill()
+        host.wait()
+
+
+@pytest.mark.skipif(not jail_has_view(), reason="this machine cannot build the jail's namespaces")
+def test_commands_see_only_the_workspace_and_system_folders(context, tmp_path):
+    outside = tmp_path / "outside-secret.txt"
+    outside.write_text("top secret")
+    outside.chmod(0o644)
+    repo = Path(__file__).resolve().parent.parent
+    text, _ = call(context, "Bash", command=f"cat {outside}; ls {repo}/agent; ls /root/.ssh /home; cat model.py | head -1; echo x > /usr/x; env | sort")
+    assert "top secret" not in text and "No such file" in text
+    assert "sandbox.py" not in text  # the harness source is not in the view
+    assert "import torch" in text  # the workspace is
+    assert "Read-only file system" in text
+    variables = {line.split("=", 1)[0] for line in text.splitlines() if "=" in line and line.split("=", 1)[0].isupper()}
+    assert variables <= {"PATH", "HOME", "LANG", "TMPDIR", "TERM", "PWD", "SHLVL", "CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST"}, variables
+
+
+@pytest.mark.skipif(not jail_has_view(), reason="this machine cannot build the jail's namespaces")
+def test_background_command_children_die_with_it(context):
+    marker = f"{51 + os.getpid() % 1000}.{time.time_ns() % 10**6}"
+    text, _ = call(context, "Bash", command=f"setsid sleep {marker} >/dev/null 2>&1 </dev/null & echo started")
+    assert "started" in text
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(marker.encode() in Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit() and os.path.exists(f"/proc/{p}/cmdline")):
+        time.sleep(0.05)
+    survivors = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                survivors.append(entry)
+        except OSError:
+            pass
+    assert survivors == []
 
 
 # --- file tools ----------------------------------------------------------------------------
