@@ -425,3 +425,13 @@ def test_protections_record_what_applied(workdir):
 def test_bad_specs_are_refused(changes, message):
     with pytest.raises(JailError, match=message):
         jail_command(JailSpec(**changes), ["true"])
+
+
+def test_read_only_binds_already_in_the_system_folders_are_not_doubled(workdir):
+    # e.g. a Python whose site-packages list names /lib/python3/dist-packages (/lib -> usr/lib)
+    links = [d for d in ("/lib", "/lib64", "/bin") if os.path.islink(d)]
+    binds = tuple(Bind(d) for d in links) + (Bind("/usr/bin"),)
+    command = jail_command(spec_for(workdir, binds=spec_for(workdir).binds + binds), ["sh", "-c", "ls /usr/bin/sh /bin/sh"])
+    assert not any(b in command.protections["filesystem"]["read_only"] for b in [*links, "/usr/bin"])
+    done = subprocess.run(command.argv, env=command.env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr

@@ -194,10 +194,13 @@ def _mounts(spec: JailSpec, uid: int, gid: int) -> tuple[list[dict], dict]:
     read_only: list[str] = []
     writable: list[str] = []
     real_system: list[str] = []
+    shown: list[str] = []  # system folders and links shown at their own path
     for directory in spec.system_dirs:
         if os.path.islink(directory):
             mounts.append({"kind": "symlink", "source": os.readlink(directory), "target": directory})
+            shown.append(directory)
         elif os.path.isdir(directory):
+            shown.append(directory)
             mounts.append({"kind": "bind", "source": os.path.realpath(directory), "target": directory})
             real_system.append(directory)
             read_only.append(directory)
@@ -238,8 +241,8 @@ def _mounts(spec: JailSpec, uid: int, gid: int) -> tuple[list[dict], dict]:
         if any(_under(target, reserved) for reserved in ("/proc", "/dev")) or target == "/":
             raise JailError(f"bind target {target} is reserved")
         real = os.path.realpath(source)
-        if not bind.writable and target == source and any(_under(real, d) and _under(source, d) for d in real_system):
-            continue  # already visible, read-only, through a system directory
+        if not bind.writable and target == source and any(_under(source, d) for d in shown) and any(_under(real, d) for d in real_system):
+            continue  # already visible, read-only, through a system folder (and its links) at the same path
         mounts.append({"kind": "bind", "source": real, "target": target, "writable": bind.writable})
         (writable if bind.writable else read_only).append(target)
     view = {
