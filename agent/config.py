@@ -22,7 +22,7 @@ PAPER_AGENTIC_CONTEXT_TOKENS = 131_072
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Resource limits of every command the agent runs (applied with setrlimit in the child)."""
+    """The jail and resource limits of every command the agent runs (agent/sandbox.py)."""
 
     cpu_seconds: int = 600
     memory_bytes: int = 8 * 1024**3
@@ -32,6 +32,14 @@ class SandboxLimits:
     # When the agent process is root, commands run as an unprivileged uid of their own
     # (uid_base + slot): they cannot write the harness files, other workspaces or the host.
     uid_base: int = 200_000
+    # Host folders shown read-only in the jail besides the system folders (/usr, which holds
+    # /usr/local/cuda), the agent's Python installation and the workspace: e.g. a Python with torch.
+    read_only_paths: tuple[str, ...] = ()
+    # Show the NVIDIA device nodes (and the driver's libraries) in the jail when the machine has them.
+    gpu: bool = True
+    # Refuse to run commands when the machine cannot build the whole jail (instead of running
+    # them with the missing layers named in sandbox_report()).
+    require_jail: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,8 @@ def agent_config_from_dict(data: dict[str, Any]) -> AgentConfig:
         check_job_settings(data.get("evaluator_settings"))
     except JobError as error:
         raise ValueError(f"agent config evaluator_settings: {error}") from None
+    if "read_only_paths" in sandbox:
+        sandbox["read_only_paths"] = tuple(sandbox["read_only_paths"] or ())
     return AgentConfig(**data, sandbox=SandboxLimits(**sandbox))
 
 

@@ -1,10 +1,14 @@
-"""Commands of the agent run in a child process the agent loop controls.
+"""Commands of the agent run in a child process the agent loop controls, inside a jail
+(`cuda_agent.jail`): its own mount, pid, network, IPC and UTS namespaces; a view of the workspace
+(read-write) and read-only system directories, the Python installation and the CUDA toolchain
+under /usr, nothing else (no /root, no harness source, no other workspace); an unprivileged uid
+of its own when the agent runs as root, no capabilities, no_new_privs, a seccomp filter; resource
+limits (CPU time, address space, processes, file size, no core files); a fixed environment.
 
-Every command gets: its own session and process group (killed as a whole at its timeout),
-resource limits (CPU time, address space, processes, file size, no core files), no network
-(`unshare -n`, when the OS allows it), and, when the agent runs as root, an unprivileged uid
-of its own (so it cannot write the harness files, other workspaces or the host).
-`sandbox_report()` says which of these the current machine gives.
+A command sees only its own processes, and everything it starts dies when it exits or when it is
+killed at its timeout (the jail's pid namespace ends). `sandbox_report()` says which of these the
+current machine gives; where the machine cannot build the jail the report says what is missing,
+and `SandboxLimits.require_jail` turns that into an error instead.
 """
 
 from __future__ import annotations
@@ -12,17 +16,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import resource
-import shutil
 import signal
-import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
 from agent.config import SandboxLimits
+from cuda_agent.jail import Bind, JailSpec, Limits, gpu_devices, jail_command, nvidia_library_binds, probe, protections, python_binds
 
 # Cap on bytes kept from one command's output in memory (the tool truncates further).
 OUTPUT_MEMORY_CAP_BYTES = 8 * 1024 * 1024
+# The uid of commands when the agent is root but the workspace has no uid of its own.
+FALLBACK_UID = 65534
 
 
 @dataclass(frozen=True)
@@ -36,48 +41,14 @@ class CommandResult:
     seconds: float
 
 
-@functools.lru_cache(maxsize=None)
-def _network_isolation_prefix() -> tuple[str, ...] | None:
-    """`unshare` arguments that drop the network on this machine, or None if impossible."""
-    if shutil.which("unshare") is None:
-        return None
-    candidates = [("unshare", "-n")] if os.geteuid() == 0 else [("unshare", "-rn")]
-    for prefix in candidates:
-        try:
-            probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if probe.returncode == 0:
-            return prefix
-    return None
-
-
 def can_switch_uid() -> bool:
     """Whether commands can run as an unprivileged uid of their own (needs root)."""
-    return os.geteuid() == 0 and shutil.which("unshare") is not None
+    return os.geteuid() == 0
 
 
-def sandbox_report(limits: SandboxLimits | None = None) -> dict[str, bool]:
-    """Which isolation features this machine gives commands (for logs and the transcript)."""
-    limits = limits or SandboxLimits()
-    return {
-        "process_group_kill": True,
-        "resource_limits": True,
-        "no_network": bool(limits.no_network and _network_isolation_prefix() is not None),
-        "own_uid": can_switch_uid(),
-    }
-
-
-def sandbox_argv(command: str, limits: SandboxLimits, uid: int | None) -> list[str]:
-    """The argv that runs `command` with bash under the isolation this machine allows."""
-    argv: list[str] = []
-    net = _network_isolation_prefix() if limits.no_network else None
-    if uid is not None and can_switch_uid():
-        # `unshare` enters a namespace (network if asked) and drops to the sandbox uid/gid.
-        argv = ["unshare", *(["-n"] if net else []), "-S", str(uid), "-G", str(uid), "--"]
-    elif net:
-        argv = [*net, "--"]
-    return [*argv, "bash", "--noprofile", "--norc", "-c", command]
+def jail_has_view() -> bool:
+    """Whether this machine builds the jail's own namespaces and file-system view."""
+    return bool(probe()["namespaces"])
 
 
 def _count_processes_of(uid: int) -> int:
@@ -93,57 +64,88 @@ def _count_processes_of(uid: int) -> int:
 
 
 def _process_limit(limits: SandboxLimits, switching_uid: bool) -> int:
-    # RLIMIT_NPROC counts every process of the uid: for a shared uid, leave room for the ones
-    # that already exist.
-    return limits.max_processes if switching_uid else limits.max_processes + _count_processes_of(os.getuid())
-
-
-def _limit_pairs(limits: SandboxLimits, switching_uid: bool) -> list[tuple[int, str, int]]:
-    """(resource, prlimit option, value) of every limit a command gets."""
-    return [
-        (resource.RLIMIT_CPU, "--cpu", limits.cpu_seconds),
-        (resource.RLIMIT_AS, "--as", limits.memory_bytes),
-        (resource.RLIMIT_FSIZE, "--fsize", limits.max_file_bytes),
-        (resource.RLIMIT_CORE, "--core", 0),
-        (resource.RLIMIT_NPROC, "--nproc", _process_limit(limits, switching_uid)),
-    ]
-
-
-def limits_prefix(limits: SandboxLimits, switching_uid: bool) -> list[str] | None:
-    """`prlimit` arguments applying the limits, or None when prlimit is missing.
-
-    prlimit (util-linux) sets the limits and execs the command, so no Python runs between fork
-    and exec (a preexec function can deadlock in a multithreaded process such as a JAX sampler's).
-    """
-    if shutil.which("prlimit") is None:
-        return None
-    return ["prlimit", *(f"{option}={value}:{value}" for _, option, value in _limit_pairs(limits, switching_uid)), "--"]
-
-
-def _limit_setter(limits: SandboxLimits, switching_uid: bool):
-    """Fallback without prlimit: a preexec function applying the limits in the child before exec."""
-    pairs = _limit_pairs(limits, switching_uid)  # computed in the parent, not between fork and exec
-
-    def apply() -> None:
-        for which, _, value in pairs:
-            resource.setrlimit(which, (value, value))
-
-    return apply
+    # RLIMIT_NPROC counts every process of the uid, the jail's init included: for a shared uid,
+    # leave room for the ones that already exist.
+    return limits.max_processes + 1 if switching_uid else limits.max_processes + 1 + _count_processes_of(os.getuid())
 
 
 def sandbox_env(workspace: str) -> dict[str, str]:
-    """A small environment: the workspace as HOME and TMPDIR, the host's PATH, no secrets."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        "HOME": workspace,
-        "TMPDIR": workspace,
-        "LANG": "C.UTF-8",
-        "TERM": "dumb",
-    }
+    """The variables a command gets besides PATH and LANG: the workspace as HOME and TMPDIR (so
+    files there outlive one command), no secrets of the agent's environment."""
+    env = {"HOME": workspace, "TMPDIR": workspace, "TERM": "dumb"}
     for name in ("CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST"):
         if name in os.environ:
             env[name] = os.environ[name]
     return env
+
+
+def sandbox_path() -> str:
+    """PATH in the jail: this Python's bin folder, the CUDA toolchain, the system folders."""
+    folders = [os.path.dirname(sys.executable), "/usr/local/cuda/bin", "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+    return ":".join(dict.fromkeys(folders))
+
+
+def jail_spec(limits: SandboxLimits, workspace: str | None, uid: int | None) -> JailSpec:
+    """The jail of a command run in `workspace` (None: the spec without a workspace, for reports)."""
+    binds: list[Bind] = [Bind(workspace, writable=True)] if workspace else []
+    binds += python_binds()
+    binds += [Bind(path) for path in limits.read_only_paths if os.path.exists(path)]
+    devices = gpu_devices() if limits.gpu else ()
+    if devices:
+        binds += nvidia_library_binds()
+    switching = can_switch_uid()
+    return JailSpec(
+        binds=tuple(binds),
+        uid=uid if (uid is not None and switching) else FALLBACK_UID,
+        cwd=workspace,
+        env=sandbox_env(workspace or "/tmp"),
+        path=sandbox_path(),
+        limits=Limits(
+            cpu_seconds=limits.cpu_seconds,
+            address_space_bytes=limits.memory_bytes,
+            processes=_process_limit(limits, switching and uid is not None),
+            file_size_bytes=limits.max_file_bytes,
+        ),
+        devices=devices,
+        share_network=not limits.no_network,
+        require=limits.require_jail,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _report(limits: SandboxLimits) -> dict:
+    record = protections(jail_spec(limits, None, FALLBACK_UID if can_switch_uid() else None))
+    return {
+        "process_group_kill": True,
+        "resource_limits": True,
+        "no_network": bool(limits.no_network and "network" in record["namespaces"]),
+        "own_uid": can_switch_uid(),
+        "own_pid_namespace": "pid" in record["namespaces"],
+        "file_system_view": isinstance(record["filesystem"], dict),
+        "seccomp": record["seccomp"] is not None,
+        "missing": record["missing"],
+    }
+
+
+def sandbox_report(limits: SandboxLimits | None = None) -> dict:
+    """Which isolation features this machine gives commands (for logs and the transcript)."""
+    return dict(_report(limits or SandboxLimits()))
+
+
+def _group_has_live_members(pgid: int) -> bool:
+    """Whether a process of group `pgid` is still running (zombies, which killpg still counts
+    until their parent reaps them, do not)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def kill_process_group(pgid: int) -> None:
@@ -156,6 +158,8 @@ def kill_process_group(pgid: int) -> None:
         except PermissionError:
             return
         time.sleep(0.01)
+        if not _group_has_live_members(pgid):
+            return
 
 
 def kill_processes_of_uid(uid: int) -> int:
@@ -181,19 +185,16 @@ def kill_processes_of_uid(uid: int) -> int:
 
 
 async def start_command(command: str, cwd: str, limits: SandboxLimits, uid: int | None) -> asyncio.subprocess.Process:
-    """Start `command` in the sandbox; stdout and stderr merged into one pipe."""
-    switching = uid is not None and can_switch_uid()
-    prefix = limits_prefix(limits, switching)
+    """Start `command` with bash in the jail; stdout and stderr merged into one pipe."""
+    jailed = jail_command(jail_spec(limits, cwd, uid), ["bash", "--noprofile", "--norc", "-c", command])
     return await asyncio.create_subprocess_exec(
-        *(prefix or []),
-        *sandbox_argv(command, limits, uid),
+        *jailed.argv,
         cwd=cwd,
-        env=sandbox_env(cwd),
+        env=jailed.env,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=None if prefix else _limit_setter(limits, switching),
     )
 
 

@@ -13,13 +13,14 @@ what a workspace is.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.sandbox import can_switch_uid, kill_processes_of_uid
+from agent.sandbox import can_switch_uid, jail_has_view, kill_processes_of_uid
 
 TASK_FILE = "model.py"
 SOLUTION_MODEL_FILE = "model_new.py"
@@ -29,6 +30,24 @@ PROTECTED_FILES = frozenset({TASK_FILE, *TEMPLATE_FILES})
 # Files shipped to the evaluator are capped so a runaway write cannot flood the fleet.
 SOLUTION_FILE_MAX_BYTES = 1024 * 1024
 SOLUTION_TOTAL_MAX_BYTES = 8 * 1024 * 1024
+# Tools that need a whole file (Edit, MultiEdit, NotebookEdit) refuse larger ones; Read streams.
+WHOLE_FILE_MAX_BYTES = 8 * 1024 * 1024
+_NONBLOCKING = os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+
+
+def file_kind(mode: int) -> str:
+    """What a non-regular file is, in words."""
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 _slot_counter = itertools.count()
 
@@ -102,29 +121,70 @@ class Workspace:
         finally:
             os.close(directory)
 
-    def write_text(self, path: str, content: str) -> Path:
-        """Write a file the agent asked for (never through a symlink), owned by the sandbox uid."""
-        real = self.resolve(path, for_write=True)
+    def open_regular(self, real: Path, path: str, *, write: bool = False) -> int:
+        """An fd of the regular file `real` (a path `resolve` returned; `path` as the agent gave
+        it, for messages). Never blocks and never follows a link: the open is non-blocking (a FIFO
+        without a writer opens at once, one without a reader fails at once) and the file's type is
+        checked on the open fd before anything is read or truncated; anything but a regular file
+        is refused. For writing the file is created if missing and truncated after the check.
+        """
         try:
-            fd = self.open_beneath(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, make_parents=True)
+            kind = os.lstat(real).st_mode
+        except FileNotFoundError:
+            kind = None
         except OSError as error:
-            raise WorkspaceError(f"cannot write {path}: {error.strerror}") from None
+            raise WorkspaceError(f"cannot open {path}: {error.strerror}") from None
+        if kind is not None and stat.S_ISDIR(kind):
+            raise WorkspaceError(f"{path} is a directory")
+        if kind is not None and not stat.S_ISREG(kind):
+            raise WorkspaceError(f"{path} is not a regular file ({file_kind(kind)})")
+        flags = (os.O_WRONLY | os.O_CREAT if write else os.O_RDONLY) | _NONBLOCKING
+        try:
+            fd = self.open_beneath(real, flags, make_parents=write)
+        except OSError as error:
+            if error.errno in (errno.ENXIO, errno.ELOOP, errno.EISDIR):  # raced: a FIFO, socket, link, folder now
+                raise WorkspaceError(f"{path} is not a regular file") from None
+            verb = "write" if write else "read"
+            raise WorkspaceError(f"cannot {verb} {path}: {error.strerror}") from None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            if stat.S_ISDIR(info.st_mode):
+                raise WorkspaceError(f"{path} is a directory")
+            raise WorkspaceError(f"{path} is not a regular file ({file_kind(info.st_mode)})")
+        os.set_blocking(fd, True)
+        if write:
+            os.ftruncate(fd, 0)
+        return fd
+
+    def write_text(self, path: str, content: str) -> Path:
+        """Write a file the agent asked for (never through a symlink, never into a FIFO or other
+        special file), owned by the sandbox uid."""
+        real = self.resolve(path, for_write=True)
+        fd = self.open_regular(real, path, write=True)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(content)
         return real
 
-    def read_text(self, path: str) -> str:
+    def open_for_reading(self, path: str) -> tuple[int, int]:
+        """(fd, size) of a regular file of the workspace, for streaming reads."""
         real = self.resolve(path)
-        if not real.exists():
+        if not os.path.lexists(real):
             raise WorkspaceError(f"{path} does not exist")
-        if real.is_dir():
-            raise WorkspaceError(f"{path} is a directory")
-        try:
-            fd = self.open_beneath(real, os.O_RDONLY)
-        except OSError as error:
-            raise WorkspaceError(f"cannot read {path}: {error.strerror}") from None
+        fd = self.open_regular(real, path)
+        return fd, os.fstat(fd).st_size
+
+    def read_text(self, path: str, max_bytes: int = WHOLE_FILE_MAX_BYTES) -> str:
+        """The whole text of a file, refused when larger than `max_bytes` (never loaded)."""
+        fd, size = self.open_for_reading(path)
         with os.fdopen(fd, "rb") as handle:
-            return handle.read().decode("utf-8", errors="replace")
+            data = handle.read(max_bytes + 1) if size <= max_bytes else b""
+        if size > max_bytes or len(data) > max_bytes:
+            raise WorkspaceError(
+                f"{path} is too large ({max(size, len(data))} bytes; this tool reads whole files of up to {max_bytes} bytes): "
+                "use Read with offset/limit, or Bash"
+            )
+        return data.decode("utf-8", errors="replace")
 
     def solution_files(self) -> dict[str, bytes]:
         """`model_new.py` and every regular file under `kernels/` (symlinks are skipped)."""
@@ -149,9 +209,9 @@ class Workspace:
             if total > SOLUTION_TOTAL_MAX_BYTES:
                 raise WorkspaceError(f"solution files exceed {SOLUTION_TOTAL_MAX_BYTES} bytes in total")
             try:
-                fd = self.open_beneath(path, os.O_RDONLY)
-            except OSError:
-                continue  # swapped for a link or removed since the walk
+                fd = self.open_regular(path, self.relative(path))
+            except WorkspaceError:
+                continue  # swapped for a link, a FIFO or removed since the walk
             with os.fdopen(fd, "rb") as handle:
                 files[path.relative_to(root).as_posix()] = handle.read(SOLUTION_FILE_MAX_BYTES + 1)
         return files
@@ -237,7 +297,9 @@ def create_workspace(
         init_workspace(task_source, root)
     except LayoutError as error:
         raise WorkspaceError(str(error)) from None
-    uid = claim_sandbox_uid(uid_base) if isolate_uid and can_switch_uid() and _traversable_by_others(root) else None
+    # The jail binds the workspace itself; without the jail's view a foreign uid must reach it.
+    reachable = jail_has_view() or _traversable_by_others(root)
+    uid = claim_sandbox_uid(uid_base) if isolate_uid and can_switch_uid() and reachable else None
     for name in (TASK_FILE, *TEMPLATE_FILES):
         os.chmod(root / name, 0o444)
     workspace = Workspace(root=root, task_name=task_name, task_source=task_source, sandbox_uid=uid)

@@ -6,9 +6,11 @@ import asyncio
 import json
 import os
 import shutil
+import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 
 from agent.config import AgentConfig, SandboxLimits, load_agent_config
 from agent.prompts import system_prompt
-from agent.sandbox import can_switch_uid, sandbox_report
+from agent.sandbox import can_switch_uid, jail_has_view, sandbox_report
 from agent.tool_calls import ToolCall, ToolCallError, format_tool_call, parse_tool_calls
 from agent.toolbox import Toolbox
 from agent.tools import default_tools
@@ -200,6 +202,56 @@ def test_commands_have_no_network(context):
     assert [line.strip() for line in text.split("\n")[:-2] if line.strip()] == ["lo"]
 
 
+@pytest.mark.skipif(not jail_has_view(), reason="this machine cannot build the jail's namespaces")
+def test_commands_see_only_their_own_processes(context):
+    """Finding 7: Bash could read every process's command line (secrets passed in argv leaked)."""
+    secret = f"token-{os.getpid()}-{time.time_ns()}"
+    host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", secret])
+    try:
+        time.sleep(0.2)
+        text, _ = call(context, "Bash", command=f"ps -e -o pid=,args=; echo; cat /proc/[0-9]*/cmdline | tr '\\0' ' '; echo; cat /proc/{host.pid}/cmdline; echo; ls /proc | grep -cE '^[0-9]+$'")
+        assert secret not in text, text
+        pids = [line.split()[0] for line in text.split("\n\n")[0].strip().splitlines()]
+        assert "1" in pids and len(pids) <= 4, text  # the jail's init, bash, ps
+        assert f"/proc/{host.pid}/cmdline: No such file" in text or int(host.pid) < 20
+    finally:
+        host.kill()
+        host.wait()
+
+
+@pytest.mark.skipif(not jail_has_view(), reason="this machine cannot build the jail's namespaces")
+def test_commands_see_only_the_workspace_and_system_folders(context, tmp_path):
+    outside = tmp_path / "outside-secret.txt"
+    outside.write_text("top secret")
+    outside.chmod(0o644)
+    repo = Path(__file__).resolve().parent.parent
+    text, _ = call(context, "Bash", command=f"cat {outside}; ls {repo}/agent; ls /root/.ssh /home; cat model.py | head -1; echo x > /usr/x; env | sort")
+    assert "top secret" not in text and "No such file" in text
+    assert "sandbox.py" not in text  # the harness source is not in the view
+    assert "import torch" in text  # the workspace is
+    assert "Read-only file system" in text
+    variables = {line.split("=", 1)[0] for line in text.splitlines() if "=" in line and line.split("=", 1)[0].isupper()}
+    assert variables <= {"PATH", "HOME", "LANG", "TMPDIR", "TERM", "PWD", "SHLVL", "CUDA_HOME", "CUDA_PATH", "TORCH_CUDA_ARCH_LIST"}, variables
+
+
+@pytest.mark.skipif(not jail_has_view(), reason="this machine cannot build the jail's namespaces")
+def test_background_command_children_die_with_it(context):
+    marker = f"{51 + os.getpid() % 1000}.{time.time_ns() % 10**6}"
+    text, _ = call(context, "Bash", command=f"setsid sleep {marker} >/dev/null 2>&1 </dev/null & echo started")
+    assert "started" in text
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(marker.encode() in Path(f"/proc/{p}/cmdline").read_bytes() for p in os.listdir("/proc") if p.isdigit() and os.path.exists(f"/proc/{p}/cmdline")):
+        time.sleep(0.05)
+    survivors = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                survivors.append(entry)
+        except OSError:
+            pass
+    assert survivors == []
+
+
 # --- file tools ----------------------------------------------------------------------------
 
 def test_read_write_edit_multiedit(context):
@@ -373,6 +425,131 @@ def test_commands_get_the_configured_limits(context):
     assert text.split("\n")[:4] == [str(limits.cpu_seconds), str(limits.memory_bytes // 1024), str(limits.max_file_bytes // 1024), "0"]  # bash counts -v and -f in KiB
     text, _ = call(context, "Bash", command="head -c 70000000 /dev/zero > kernels/big.bin; echo rc=$?; stat -c %s kernels/big.bin")
     assert str(limits.max_file_bytes) in text and "rc=0" not in text  # writing past the file-size limit fails
+
+
+# --- files that are not regular files, and huge files (finding 7) ---------------------------
+
+def call_with_deadline(ctx, name, seconds=20.0, **arguments):
+    """Run one tool call in a thread of its own: a call that blocks fails the test instead of
+    hanging the suite. Returns (thread, text or None)."""
+    result = {}
+
+    def target():
+        result["text"] = asyncio.run(Toolbox(default_tools()).execute(ToolCall(name, arguments), ctx))
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return thread, result.get("text")
+
+
+def release_fifo(path, thread):
+    """Unblock a tool stuck opening `path` (a regression): an O_RDWR open is both ends."""
+    if thread.is_alive():
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+        time.sleep(0.2)
+        os.close(fd)
+        thread.join(10)
+
+
+@pytest.mark.parametrize(
+    "tool, path, arguments",
+    [
+        ("Read", "kernels/pipe", {}),
+        ("Read", "kernels/pipe", {"offset": 1, "limit": 1}),
+        ("Write", "kernels/pipe", {"content": "x"}),
+        ("Edit", "kernels/pipe", {"old_string": "a", "new_string": "b"}),
+        ("MultiEdit", "kernels/pipe", {"edits": [{"old_string": "a", "new_string": "b"}]}),
+        ("NotebookEdit", "kernels/pipe.ipynb", {"cell_id": "a", "new_source": "x"}),
+    ],
+)
+def test_file_tools_refuse_a_fifo_at_once(context, tool, path, arguments):
+    fifo = context.workspace.root / path
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    key = "notebook_path" if tool == "NotebookEdit" else "file_path"
+    thread, text = call_with_deadline(context, tool, **{key: path}, **arguments)
+    try:
+        assert not thread.is_alive(), f"{tool} blocked on a FIFO"
+        assert text.startswith("Error:") and "not a regular file (a FIFO)" in text, text
+        assert time.monotonic() - start < 10
+    finally:
+        release_fifo(fifo, thread)
+
+
+def test_file_tools_refuse_sockets_and_keep_walking_past_fifos(context):
+    import socket as socket_module
+
+    server = socket_module.socket(socket_module.AF_UNIX)
+    server.bind(str(context.workspace.root / "kernels" / "sock"))
+    os.mkfifo(context.workspace.root / "kernels" / "pipe")
+    call(context, "Write", file_path="kernels/a.cu", content="__global__ void k() {}\n")
+    try:
+        text, _ = call(context, "Read", file_path="kernels/sock")
+        assert text.startswith("Error:") and "not a regular file (a socket)" in text, text
+        thread, text = call_with_deadline(context, "Grep", pattern="global", path="kernels")
+        assert not thread.is_alive() and text == "kernels/a.cu:1:__global__ void k() {}"
+        context.workspace.write_text("model_new.py", "x = 1\n")
+        assert sorted(context.workspace.solution_files()) == ["kernels/a.cu", "model_new.py"]
+    finally:
+        server.close()
+        release_fifo(context.workspace.root / "kernels" / "pipe", threading.Thread())
+
+
+_BOUNDED_READ = """
+import asyncio, json, resource, sys, time
+from pathlib import Path
+from agent.config import AgentConfig
+from agent.tool_calls import ToolCall
+from agent.toolbox import Toolbox
+from agent.tools import default_tools
+from agent.tools.base import ToolContext
+from agent.workspace import Workspace
+
+def rchar():
+    return int(next(line for line in open("/proc/self/io") if line.startswith("rchar")).split()[1])
+
+context = ToolContext(workspace=Workspace(root=Path(sys.argv[1]), task_name="t", task_source=""), config=AgentConfig(tool_output_limit_bytes=1000))
+toolbox = Toolbox(default_tools())
+rss_before, read_before, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, rchar(), time.monotonic()
+text = asyncio.run(toolbox.execute(ToolCall(sys.argv[2], json.loads(sys.argv[3])), context))
+print(json.dumps({"read_bytes": rchar() - read_before, "rss_growth_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before,
+                  "seconds": time.monotonic() - start, "length": len(text), "text": text}))
+"""
+
+
+def bounded_call(ctx, tool, arguments):
+    done = subprocess.run([sys.executable, "-c", _BOUNDED_READ, str(ctx.workspace.root), tool, json.dumps(arguments)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_reading_one_line_of_a_huge_sparse_file_is_bounded(context):
+    """Finding 7: one line of a 500 MB sparse file took the agent to 1.5 GB."""
+    huge = context.workspace.root / "kernels" / "huge.bin"
+    with open(huge, "wb") as handle:
+        handle.truncate(500 * 1024 * 1024)
+    result = bounded_call(context, "Read", {"file_path": "kernels/huge.bin", "limit": 1})
+    # Reads at most the scan cap (16 MiB) plus the interpreter's own small reads; was 500 MiB.
+    assert result["read_bytes"] < 24 * 1024 * 1024, result["read_bytes"]
+    assert result["rss_growth_kib"] < 256 * 1024, result["rss_growth_kib"]  # wide margin: was ~1.5 GB
+    assert result["length"] < 2000, result["length"]
+    assert result["text"].endswith(f"[lines cut to their first 2000 bytes: 1 (more than {16 * 1024 * 1024} bytes)]\n[stopped reading at {16 * 1024 * 1024} of {500 * 1024 * 1024} bytes; use Bash (sed -n, tail, head -c) for the rest]"), result["text"][-300:]
+    # Tools that need the whole file refuse it instead of loading it.
+    result = bounded_call(context, "Edit", {"file_path": "kernels/huge.bin", "old_string": "a", "new_string": "b"})
+    assert result["text"].startswith("Error:") and "too large" in result["text"] and result["read_bytes"] < 1024 * 1024
+
+
+def test_read_reports_cut_lines_and_keeps_line_numbers(context):
+    long_line = "x" * 5000
+    call(context, "Write", file_path="kernels/long.txt", content=f"first\r\n{long_line}\nthird\n")
+    text, _ = call(context, "Read", file_path="kernels/long.txt")  # output limited to 1000 bytes here
+    assert text.startswith("     1\tfirst\n     2\txxx") and "bytes cut ...]\n" in text
+    assert text.endswith("xxx\n     3\tthird\n[lines cut to their first 2000 bytes: 2 (5000 bytes)]")
+    text, _ = call(context, "Read", file_path="kernels/long.txt", offset=3, limit=5)
+    assert text == "     3\tthird"
+    text, _ = call(context, "Read", file_path="kernels/long.txt", offset=9)
+    assert text == "(no lines: the file has 3 lines)"
 
 
 # --- NotebookEdit --------------------------------------------------------------------------

@@ -83,8 +83,8 @@ def test_read_solution_job_matches_the_examples_on_disk(tmp_path):
 
 # Which first-party packages each package may import (the README's table). The console root,
 # cuda_agent/cli.py, registers every package's commands and may import them all. The contract
-# modules (standard library only) are the contracts and the workspace layout.
-CONTRACTS = ("cuda_agent.contracts", "cuda_agent.workspace")
+# modules (standard library only) are the contracts, the workspace layout and the jail.
+CONTRACTS = ("cuda_agent.contracts", "cuda_agent.workspace", "cuda_agent.jail")
 ALLOWED = {
     "evaluator_cuda": {*CONTRACTS},
     "bridge": {"cuda_agent.contracts"},
@@ -141,13 +141,16 @@ def test_packages_import_only_in_the_stated_directions():
     assert found == PENDING, f"imports against the stated direction: {sorted(found - PENDING)}; fixed, remove from PENDING: {sorted(PENDING - found)}"
 
 
-@pytest.mark.parametrize("name,allowed", [("cuda_agent.contracts", set()), ("cuda_agent.workspace", {"cuda_agent.contracts"})])
+@pytest.mark.parametrize("name,allowed", [("cuda_agent.contracts", set()), ("cuda_agent.workspace", {"cuda_agent.contracts"}),
+                                          ("cuda_agent.jail", set())])
 def test_the_contract_modules_need_only_the_standard_library(name, allowed):
     import sys
 
     stdlib = set(sys.stdlib_module_names)
-    module_py = REPO / (name.replace(".", "/") + ".py")
-    imports = set(_imports_of([module_py])[module_py])
+    package = REPO / name.replace(".", "/")
+    paths = sorted(package.glob("*.py")) if package.is_dir() else [package.with_suffix(".py")]
+    found = _imports_of(paths)
+    imports = {m for path in paths for m in found[path] if m != name and not m.startswith(name + ".")}
     first_party = {m for m in imports if m.split(".")[0] == "cuda_agent"}
     assert first_party <= allowed, first_party
     used = {m.split(".")[0] for m in imports - first_party}

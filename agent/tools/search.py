@@ -107,9 +107,9 @@ class GrepTool(Tool):
             if name_filter and not (name_filter.match(path.name) or name_filter.match(context.workspace.relative(path))):
                 continue
             try:
-                fd = context.workspace.open_beneath(path, os.O_RDONLY)
-            except OSError:
-                continue  # swapped for a link or removed since the walk
+                fd = context.workspace.open_regular(path, context.workspace.relative(path))
+            except WorkspaceError:
+                continue  # swapped for a link, a FIFO or removed since the walk
             with os.fdopen(fd, "rb") as handle:
                 data = handle.read(GREP_MAX_FILE_BYTES + 1)
             if len(data) > GREP_MAX_FILE_BYTES:

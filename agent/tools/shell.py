@@ -14,7 +14,8 @@ _background_ids = itertools.count(1)
 class BashTool(Tool):
     name = "Bash"
     description = (
-        "Run a bash command in the workspace directory (no network, resource-limited). "
+        "Run a bash command in the workspace directory, in a sandbox: it sees the workspace, read-only system "
+        "folders and its own processes only; no network; resource-limited. "
         "Output is stdout and stderr merged, truncated in the middle when long. "
         "Set run_in_background to leave it running and read it later with BashOutput."
     )
