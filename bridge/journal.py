@@ -12,10 +12,13 @@ Tables:
       result IS NULL  -> still to be run; body holds the job (msgpack)
       result NOT NULL -> finished; body dropped, result kept for duplicates until the TTL
   deliveries(job_id, client) -> a result this client is owed and has not acknowledged
+
+The file holds job sources and results: it is created 0600 and a folder made for it 0700.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -57,13 +60,27 @@ class PendingJob:
     waiters: set = field(default_factory=set)
 
 
+def _private_file(path: Path) -> None:
+    """Create ``path`` (and a missing parent folder) readable by its owner only."""
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.parent.chmod(0o700)  # mkdir's mode is filtered by the umask
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    path.chmod(0o600)  # an older journal made with the umask's bits
+    for suffix in ("-wal", "-shm"):  # SQLite gives new ones the main file's mode; fix older ones
+        side = path.with_name(path.name + suffix)
+        if side.exists():
+            side.chmod(0o600)
+
+
 class Journal:
     """Durable record of the broker's promises. One instance per broker process."""
 
     def __init__(self, path: str | Path):
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            _private_file(Path(self.path))
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
