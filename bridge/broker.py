@@ -8,6 +8,8 @@ is journaled before it is acknowledged). What the guide's brokers lack and this 
   or hung, is requeued; after ``max_attempts`` failed attempts it ends as an ``infra_error``;
 - idempotency: job ids are content-derived, a duplicate of a queued, running or finished job
   is attached to it, and every waiting client gets the one result;
+- authority: a result counts only when it returns the lease the broker issued with the job
+  (token, worker identity and attempt must all match);
 - bounded queues: past ``max_queue`` queued jobs, new jobs are answered "busy", never dropped;
 - ``ROUTER_MANDATORY``: a result for a client that is not connected stays owed (in memory and
   in the journal) and is sent when the client speaks again.
@@ -32,7 +34,7 @@ import zmq
 
 from bridge import protocol
 from bridge.journal import Journal
-from bridge.protocol import Kind, ProtocolError
+from bridge.protocol import CLIENT_KINDS, Kind, ProtocolError
 from bridge.settings import BridgeSettings
 
 log = logging.getLogger("bridge.broker")
@@ -40,7 +42,7 @@ log = logging.getLogger("bridge.broker")
 _DRAIN = 4096  # messages handled per loop iteration before the journal commit
 _PRUNE_EVERY_S = 600.0
 _MAX_SERVICE_NAME = 64
-_CLIENT_KINDS = frozenset({Kind.SUBMIT, Kind.ACK, Kind.PING, Kind.STATUS})
+_WARN_EVERY_S = 1.0  # refusals are counted always, logged at most once a second
 
 
 @dataclass
@@ -54,7 +56,16 @@ class JobState:
     attempts: int = 0
     failures: list = field(default_factory=list)
     waiters: set = field(default_factory=set)
-    worker: bytes | None = None
+    worker: bytes | None = None  # the registered worker counting it in its inflight (None: queued)
+    # The lease in force: the one (worker, attempt, token) whose result the broker will accept.
+    # Only the token's sha256 is kept. A job restored after a restart may be queued and still
+    # leased (the worker that held it may come back with its result).
+    lease_worker: bytes | None = None
+    lease_attempt: int | None = None
+    lease_hash: bytes | None = None
+
+    def clear_lease(self) -> None:
+        self.lease_worker = self.lease_attempt = self.lease_hash = None
 
 
 @dataclass
@@ -110,7 +121,10 @@ class Broker:
         self.outbox: list = []  # (identity, frames) to send after the journal commit
         self.completions: deque = deque()  # monotonic times of recent completions (throughput)
         self.counters = {"accepted": 0, "completed": 0, "duplicates": 0, "busy": 0, "errors": 0, "requeued": 0,
-                         "workers_registered": 0, "workers_reregistered": 0, "workers_lost": 0}
+                         "workers_registered": 0, "workers_reregistered": 0, "workers_lost": 0,
+                         "leases_refused": 0}
+        self._warned_at = 0.0
+        self._unwarned = 0
         self._restore()
         self._handlers = {
             Kind.SUBMIT: self._on_submit,
@@ -131,6 +145,7 @@ class Broker:
             self.jobs[pending.id] = JobState(
                 pending.id, pending.service, pending.body, pending.time_limit,
                 pending.attempts, pending.failures, set(pending.waiters),
+                lease_worker=pending.lease_worker, lease_attempt=pending.lease_attempt, lease_hash=pending.lease_hash,
             )
             self.queues.setdefault(pending.service, deque()).append(pending.id)
         for client, jid, result in self.journal.undelivered_results():
@@ -288,7 +303,7 @@ class Broker:
         identity = frames[0]
         try:
             message = protocol.decode(frames[1:], self.settings.max_message_bytes)
-            if message.kind in _CLIENT_KINDS:
+            if message.kind in CLIENT_KINDS:
                 self.client_seen[identity] = time.monotonic()
                 self.unreachable.discard(identity)
             handler = self._handlers.get(message.kind)
@@ -298,6 +313,17 @@ class Broker:
         except ProtocolError as exc:
             self.counters["errors"] += 1
             self._queue(identity, Kind.ERROR, {"error": str(exc), "ids": []})
+
+    def _warn(self, message: str, *args) -> None:
+        """Log a refusal, at most once per second (a flood of forgeries must not flood the log)."""
+        now = time.monotonic()
+        if now - self._warned_at < _WARN_EVERY_S:
+            self._unwarned += 1
+            return
+        if self._unwarned:
+            message += f" ({self._unwarned} more refusals not logged)"
+        log.warning(message, *args)
+        self._warned_at, self._unwarned = now, 0
 
     def _dispatch(self) -> None:
         """Hand queued jobs to workers with free capacity, spreading them evenly."""
@@ -310,17 +336,45 @@ class Broker:
             share = math.ceil(len(queue) / len(workers))
             for worker in sorted(workers, key=lambda w: -w.free):
                 items, payloads = [], []
-                want = min(worker.free, share)
+                want = min(worker.free, share, len(queue))
+                leases = protocol.new_leases(want)
                 while queue and len(items) < want:
                     job = self.jobs.get(queue.popleft())
                     if job is None or job.worker is not None:
                         continue  # finished or taken meanwhile (defensive: the queue should not hold it)
-                    job.worker = worker.id
+                    lease = leases[len(items)]
+                    job.worker = job.lease_worker = worker.id
+                    job.lease_attempt = job.attempts + 1
+                    job.lease_hash = protocol.lease_digest(lease)
+                    self.journal.lease(job.id, worker.id, job.lease_attempt, job.lease_hash)
                     worker.inflight.add(job.id)
-                    items.append(protocol.attach({"id": job.id, "service": job.service, "attempt": job.attempts + 1,
-                                                  "time_limit": job.time_limit}, job.body, payloads))
+                    items.append(protocol.attach({"id": job.id, "service": job.service, "attempt": job.lease_attempt,
+                                                  "lease": lease, "time_limit": job.time_limit}, job.body, payloads))
                 if items:
                     self._queue(worker.id, Kind.JOBS, {"items": items}, payloads)
+
+    # ------------------------------------------------------------------ leases
+    @staticmethod
+    def _lease_refusal(job: JobState, wid: bytes, item: dict) -> str | None:
+        """Why a worker's word on ``job`` does not count (None: it holds the job's current lease)."""
+        if job.lease_hash is None:
+            return "nobody holds this job now (it was requeued)"
+        if job.lease_worker != wid:
+            return "the job is leased to another worker"
+        if item.get("attempt") != job.lease_attempt:
+            return f"stale attempt {item.get('attempt')!r} (the current one is {job.lease_attempt})"
+        if not protocol.same_digest(protocol.lease_digest(item.get("lease")), job.lease_hash):
+            return "wrong lease token"
+        return None
+
+    def _refuse_results(self, wid: bytes, refused: list) -> None:
+        """Count, log and answer results (or failure reports) that do not hold the job's lease."""
+        self.counters["leases_refused"] += len(refused)
+        jid, reason = refused[0]
+        self._warn("refused %d result(s) from %s without the job's lease; first: job %s: %s", len(refused),
+                   _show(wid), str(jid)[:12], reason)
+        self._queue(wid, Kind.ERROR, {"error": f"refused {len(refused)} result(s) without the job's lease; "
+                                               f"first: {reason}", "ids": [j for j, _ in refused if isinstance(j, str)]})
 
     # ------------------------------------------------------------------ job lifecycle
     def _complete(self, jid: str, result: bytes) -> None:
@@ -349,6 +403,8 @@ class Broker:
         """Requeue a job whose attempt failed, or finish it as infra_error when out of attempts."""
         job.attempts += 1
         job.failures.append(reason)
+        job.clear_lease()
+        self.journal.lease(job.id, None, None, None)
         if job.worker is not None:
             if job.worker in self.workers:
                 self.workers[job.worker].inflight.discard(job.id)
@@ -371,6 +427,8 @@ class Broker:
     def _requeue_lost(self, job: JobState) -> None:
         """A job a worker never started (lost in transit): back to the queue, no attempt counted."""
         job.worker = None
+        job.clear_lease()
+        self.journal.lease(job.id, None, None, None)
         self.queues.setdefault(job.service, deque()).appendleft(job.id)
 
     # ------------------------------------------------------------------ client messages
@@ -444,31 +502,43 @@ class Broker:
         capacity = fields.get("capacity", 1)
         if not isinstance(capacity, int) or capacity < 1:
             raise ProtocolError("'ready' capacity must be a positive integer")
+        inflight = fields.get("inflight") or []
+        if not isinstance(inflight, list) or not all(isinstance(i, dict) and isinstance(i.get("id"), str)
+                                                     for i in inflight):
+            raise ProtocolError("'ready' inflight must be a list of {id, lease, attempt} maps")
         capabilities = fields.get("capabilities") or {}
-        reported = {j for j in fields.get("inflight") or [] if isinstance(j, str)}
+        reported = {item["id"]: item for item in inflight}
         worker = self.workers.get(wid)
         if worker is None:
             worker = WorkerState(wid, tuple(services), capabilities, capacity, time.monotonic())
             self.workers[wid] = worker
             self.counters["workers_registered"] += 1
-            log.info("worker %s registered for %s", wid, services)
+            log.info("worker %s registered for %s", _show(wid), services)
         else:
             self.counters["workers_reregistered"] += 1
             worker.services, worker.capabilities, worker.capacity = tuple(services), capabilities, capacity
             worker.last_seen = time.monotonic()
-            for jid in list(worker.inflight - reported):
+            for jid in list(worker.inflight - set(reported)):
                 worker.inflight.discard(jid)
-                if jid in self.jobs:
+                if jid in self.jobs and self.jobs[jid].worker == wid:
                     self._requeue_lost(self.jobs[jid])
-        for jid in reported:  # jobs this worker still runs (e.g. across a broker restart)
+        refused = []
+        for jid, item in reported.items():  # jobs this worker still holds (e.g. across a broker restart)
             job = self.jobs.get(jid)
-            if job is not None and job.worker is None:
+            if job is None:
+                continue  # finished meanwhile; its result will be refused when it comes
+            reason = self._lease_refusal(job, wid, item)
+            if reason is not None:
+                refused.append((jid, reason))
+            elif job.worker is None:  # leased before a broker restart: this worker carries on with it
                 try:
                     self.queues[job.service].remove(jid)
                 except (KeyError, ValueError):
                     pass
                 job.worker = wid
                 worker.inflight.add(jid)
+        if refused:
+            self._refuse_results(wid, refused)
 
     def _known_worker(self, wid: bytes) -> WorkerState | None:
         worker = self.workers.get(wid)
@@ -481,27 +551,37 @@ class Broker:
     def _on_heartbeat(self, wid: bytes, message) -> None:
         self._known_worker(wid)
 
-    def _on_done(self, wid: bytes, message) -> None:
-        items = protocol.items_of(message, ("id",))
-        worker = self._known_worker(wid)
+    def _leased_items(self, wid: bytes, items: list) -> list:
+        """(item, job) for the items whose sender holds the job's current lease; the rest are refused."""
+        held, refused = [], []
         for item in items:
-            result = protocol.payload_of(message, item)
-            jid = item["id"]
-            if worker is not None:
-                worker.inflight.discard(jid)
-            self._complete(jid, result)  # accepted even from an unregistered worker: first result wins
+            job = self.jobs.get(item["id"]) if isinstance(item["id"], str) else None
+            reason = "the job is not running (finished, or never accepted)" if job is None \
+                else self._lease_refusal(job, wid, item)
+            if reason is None:
+                held.append((item, job))
+            else:
+                refused.append((item["id"], reason))
+        if refused:
+            self._refuse_results(wid, refused)
+        return held
 
-    def _on_failed(self, wid: bytes, message) -> None:
-        items = protocol.items_of(message, ("id", "reason"))
+    def _on_done(self, wid: bytes, message) -> None:
+        items = protocol.items_of(message, ("id", "lease", "attempt"))
         worker = self._known_worker(wid)
-        for item in items:
-            job = self.jobs.get(item["id"])
-            if job is None:
-                continue
+        for item, job in self._leased_items(wid, items):
+            result = protocol.payload_of(message, item)
             if worker is not None:
                 worker.inflight.discard(job.id)
-            if job.worker == wid or (job.worker is None and worker is None):
-                self._attempt_failed(job, f"{str(item['reason'])[:500]} (worker {wid.decode(errors='replace')})")
+            # From the lease holder only; also from a worker not (yet) registered again after a
+            # broker restart, when the journal says it held the lease.
+            self._complete(job.id, result)
+
+    def _on_failed(self, wid: bytes, message) -> None:
+        items = protocol.items_of(message, ("id", "lease", "attempt", "reason"))
+        self._known_worker(wid)
+        for item, job in self._leased_items(wid, items):
+            self._attempt_failed(job, f"{str(item['reason'])[:500]} (worker {_show(wid)})")
 
     def _on_bye(self, wid: bytes, message) -> None:
         worker = self.workers.get(wid)
@@ -561,6 +641,11 @@ class Broker:
             ],
             "journal": self.journal.counts(),
         }
+
+
+def _show(identity) -> str:
+    """A routing id for a log line (short, printable)."""
+    return bytes(identity).decode(errors="replace")[:48] if isinstance(identity, (bytes, bytearray)) else repr(identity)
 
 
 def serve_broker(bind, journal_path, settings: BridgeSettings | dict | None = None, curve=None,

@@ -8,9 +8,12 @@ single transaction);
 transactions, which the clients then resubmit: job ids are content-derived, so that is safe).
 
 Tables:
-  jobs(id, service, body, time_limit, attempts, failures, result, accepted_at, finished_at)
+  jobs(id, service, body, time_limit, attempts, failures, result, accepted_at, finished_at,
+       lease_worker, lease_attempt, lease_hash)
       result IS NULL  -> still to be run; body holds the job (msgpack)
       result NOT NULL -> finished; body dropped, result kept for duplicates until the TTL
+      lease_*: who holds the job now: worker identity, attempt, and the sha256 of the lease
+               token (never the token: reading this file does not let anyone answer a job)
   deliveries(job_id, client) -> a result this client is owed and has not acknowledged
 
 The file holds job sources and results: it is created 0600 and a folder made for it 0700.
@@ -45,6 +48,8 @@ CREATE TABLE IF NOT EXISTS deliveries(
     PRIMARY KEY(job_id, client)
 ) WITHOUT ROWID;
 """
+# Columns added after the first release: added to an older journal when it is opened.
+_ADDED_COLUMNS = {"lease_worker": "BLOB", "lease_attempt": "INTEGER", "lease_hash": "BLOB"}
 
 
 @dataclass
@@ -58,6 +63,9 @@ class PendingJob:
     attempts: int
     failures: list
     waiters: set = field(default_factory=set)
+    lease_worker: bytes | None = None  # the lease in force when the broker stopped (None: none)
+    lease_attempt: int | None = None
+    lease_hash: bytes | None = None
 
 
 def _private_file(path: Path) -> None:
@@ -85,10 +93,15 @@ class Journal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        for column, kind in _ADDED_COLUMNS.items():
+            if column not in present:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
         self._db.commit()
         self._accepts: list = []
         self._waiters: list = []
         self._failures: list = []
+        self._leases: list = []
         self._finishes: dict = {}
         self._delivered: list = []
 
@@ -96,6 +109,10 @@ class Journal:
     def accept(self, job_id: str, service: str, body: bytes, time_limit: float | None, client: bytes) -> None:
         self._accepts.append((job_id, service, body, time_limit, time.time()))
         self.add_waiter(job_id, client)
+
+    def lease(self, job_id: str, worker: bytes | None, attempt: int | None, lease_hash: bytes | None) -> None:
+        """The job's lease now (None everywhere: no worker holds it). Applied in call order."""
+        self._leases.append((worker, attempt, lease_hash, job_id))
 
     def add_waiter(self, job_id: str, client: bytes) -> None:
         self._waiters.append((job_id, client))
@@ -112,7 +129,8 @@ class Journal:
 
     def commit(self) -> None:
         """Write everything buffered since the last commit in one transaction."""
-        if not (self._accepts or self._waiters or self._failures or self._finishes or self._delivered):
+        if not (self._accepts or self._waiters or self._failures or self._leases or self._finishes
+                or self._delivered):
             return
         db = self._db
         if self._accepts:
@@ -122,14 +140,17 @@ class Journal:
             db.executemany("INSERT OR IGNORE INTO deliveries(job_id, client) VALUES (?,?)", self._waiters)
         if self._failures:
             db.executemany("UPDATE jobs SET attempts=?, failures=? WHERE id=?", self._failures)
+        if self._leases:
+            db.executemany("UPDATE jobs SET lease_worker=?, lease_attempt=?, lease_hash=? WHERE id=?", self._leases)
         if self._finishes:
             now = time.time()
-            db.executemany("UPDATE jobs SET result=?, body=NULL, finished_at=? WHERE id=?",
+            db.executemany("UPDATE jobs SET result=?, body=NULL, finished_at=?, lease_hash=NULL WHERE id=?",
                            [(result, now, jid) for jid, result in self._finishes.items()])
         if self._delivered:
             db.executemany("DELETE FROM deliveries WHERE job_id=? AND client=?", self._delivered)
         db.commit()
         self._accepts, self._waiters, self._failures, self._delivered = [], [], [], []
+        self._leases = []
         self._finishes = {}
 
     def prune(self, ttl_s: float) -> int:
@@ -167,12 +188,15 @@ class Journal:
     def pending_jobs(self) -> list[PendingJob]:
         """Jobs accepted but not finished, oldest first, with the clients waiting for them."""
         jobs = {}
-        for jid, service, body, limit, attempts, failures in self._db.execute(
-            "SELECT id, service, body, time_limit, attempts, failures FROM jobs "
-            "WHERE result IS NULL ORDER BY accepted_at"
+        for jid, service, body, limit, attempts, failures, worker, attempt, lease_hash in self._db.execute(
+            "SELECT id, service, body, time_limit, attempts, failures, lease_worker, lease_attempt, lease_hash "
+            "FROM jobs WHERE result IS NULL ORDER BY accepted_at"
         ):
             failures = msgpack.unpackb(failures, raw=False) if failures else []
-            jobs[jid] = PendingJob(jid, service, body, limit, attempts, failures)
+            job = PendingJob(jid, service, body, limit, attempts, failures)
+            if worker is not None and lease_hash is not None and attempt == attempts + 1:
+                job.lease_worker, job.lease_attempt, job.lease_hash = bytes(worker), attempt, bytes(lease_hash)
+            jobs[jid] = job
         for jid, client in self._db.execute(
             "SELECT d.job_id, d.client FROM deliveries d JOIN jobs j ON j.id = d.job_id WHERE j.result IS NULL"
         ):

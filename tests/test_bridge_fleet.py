@@ -12,7 +12,7 @@ import zmq
 
 from bridge import protocol
 from bridge.client import BridgeClient
-from bridge.protocol import Kind
+from bridge.protocol import PROTOCOL_VERSION as V, Kind
 from bridge.settings import FAST_TEST_SETTINGS
 from tests.bridge_procs import (free_tcp_endpoint, raw_dealer, read_lines, start_broker, start_worker, stop,
                                 wait_for, wait_for_workers)
@@ -93,11 +93,11 @@ def test_salted_resubmission_is_evaluated_again(fleet):
     "frames, fragment",
     [
         ([b"\xc1\xc1 not msgpack"], "not valid msgpack"),
-        ([msgpack.packb({"v": 2, "kind": Kind.SUBMIT})], "protocol version 2"),
-        ([msgpack.packb({"v": 1, "kind": Kind.SUBMIT, "items": []}), b"x" * 200_000], "exceeds the limit"),
-        ([msgpack.packb({"v": 1, "kind": "reboot"})], "unknown message kind"),
-        ([msgpack.packb({"v": 1, "kind": Kind.SUBMIT, "items": [{"id": "a"}]})], "must be a map with id, service"),
-        ([msgpack.packb({"v": 1, "kind": Kind.SUBMIT, "items": [{"id": "a", "service": "s", "frame": 5}]})],
+        ([msgpack.packb({"v": 1, "kind": Kind.SUBMIT})], "protocol version 1"),  # before leases: refused
+        ([msgpack.packb({"v": V, "kind": Kind.SUBMIT, "items": []}), b"x" * 200_000], "exceeds the limit"),
+        ([msgpack.packb({"v": V, "kind": "reboot"})], "unknown message kind"),
+        ([msgpack.packb({"v": V, "kind": Kind.SUBMIT, "items": [{"id": "a"}]})], "must be a map with id, service"),
+        ([msgpack.packb({"v": V, "kind": Kind.SUBMIT, "items": [{"id": "a", "service": "square", "frame": 5}]})],
          "missing payload"),
     ],
 )
