@@ -10,7 +10,9 @@ is journaled before it is acknowledged). What the guide's brokers lack and this 
   is attached to it, and every waiting client gets the one result;
 - authority: a result counts only when it returns the lease the broker issued with the job
   (token, worker identity and attempt must all match);
-- bounded queues: past ``max_queue`` queued jobs, new jobs are answered "busy", never dropped;
+- bounded queues: past ``max_queue`` queued jobs, or a client's bound in jobs or bytes, new jobs
+  are answered "busy" (the client retries), never dropped; jobs for a service nobody serves are
+  refused at submission;
 - ``ROUTER_MANDATORY``: a result for a client that is not connected stays owed (in memory and
   in the journal) and is sent when the client speaks again.
 
@@ -42,6 +44,8 @@ log = logging.getLogger("bridge.broker")
 _DRAIN = 4096  # messages handled per loop iteration before the journal commit
 _PRUNE_EVERY_S = 600.0
 _MAX_SERVICE_NAME = 64
+_MAX_SERVICES_PER_WORKER = 32
+_MAX_SERVICES = 1024  # names the broker will ever learn from workers (each is journaled)
 _WARN_EVERY_S = 1.0  # refusals are counted always, logged at most once a second
 
 
@@ -57,6 +61,7 @@ class JobState:
     failures: list = field(default_factory=list)
     waiters: set = field(default_factory=set)
     worker: bytes | None = None  # the registered worker counting it in its inflight (None: queued)
+    owner: bytes = b""  # the client it counts against (its CURVE key, or its routing id without CURVE)
     # The lease in force: the one (worker, attempt, token) whose result the broker will accept.
     # Only the token's sha256 is kept. A job restored after a restart may be queued and still
     # leased (the worker that held it may come back with its result).
@@ -107,7 +112,13 @@ class Broker:
         if curve is not None:
             from bridge.security import secure_server_socket
 
-            self.auth = secure_server_socket(self.context, self.socket, curve)
+            try:
+                self.auth = secure_server_socket(self.context, self.socket, curve)
+            except Exception:
+                self.socket.close(linger=0)
+                self.context.term()
+                self.journal.close()
+                raise
         self.endpoints = []
         for endpoint in [bind] if isinstance(bind, str) else list(bind):
             self.socket.bind(endpoint)
@@ -122,7 +133,10 @@ class Broker:
         self.completions: deque = deque()  # monotonic times of recent completions (throughput)
         self.counters = {"accepted": 0, "completed": 0, "duplicates": 0, "busy": 0, "errors": 0, "requeued": 0,
                          "workers_registered": 0, "workers_reregistered": 0, "workers_lost": 0,
-                         "leases_refused": 0}
+                         "leases_refused": 0, "unknown_service": 0, "too_large": 0}
+        self.known_services: set = set(settings.services) | self.journal.services()
+        self.client_load: dict[bytes, list] = {}  # owner -> [unfinished jobs, bytes of their bodies]
+        self.unfinished_bytes = 0
         self._warned_at = 0.0
         self._unwarned = 0
         self._restore()
@@ -142,11 +156,14 @@ class Broker:
     def _restore(self) -> None:
         """Requeue journaled unfinished jobs and owe journaled undelivered results."""
         for pending in self.journal.pending_jobs():
-            self.jobs[pending.id] = JobState(
+            owner = pending.owner or min(pending.waiters, default=b"")
+            job = self.jobs[pending.id] = JobState(
                 pending.id, pending.service, pending.body, pending.time_limit,
-                pending.attempts, pending.failures, set(pending.waiters),
+                pending.attempts, pending.failures, set(pending.waiters), owner=owner,
                 lease_worker=pending.lease_worker, lease_attempt=pending.lease_attempt, lease_hash=pending.lease_hash,
             )
+            self._charge(job)
+            self.known_services.add(pending.service)
             self.queues.setdefault(pending.service, deque()).append(pending.id)
         for client, jid, result in self.journal.undelivered_results():
             self.to_send.setdefault(client, {})[jid] = result
@@ -314,6 +331,11 @@ class Broker:
             self.counters["errors"] += 1
             self._queue(identity, Kind.ERROR, {"error": str(exc), "ids": []})
 
+    @staticmethod
+    def _principal(identity: bytes) -> bytes:
+        """Whom a submission counts against: the client's routing id."""
+        return identity
+
     def _warn(self, message: str, *args) -> None:
         """Log a refusal, at most once per second (a flood of forgeries must not flood the log)."""
         now = time.monotonic()
@@ -376,6 +398,36 @@ class Broker:
         self._queue(wid, Kind.ERROR, {"error": f"refused {len(refused)} result(s) without the job's lease; "
                                                f"first: {reason}", "ids": [j for j, _ in refused if isinstance(j, str)]})
 
+    def _charge(self, job: JobState) -> None:
+        load = self.client_load.setdefault(job.owner, [0, 0])
+        load[0] += 1
+        load[1] += len(job.body)
+        self.unfinished_bytes += len(job.body)
+
+    def _release(self, job: JobState) -> None:
+        load = self.client_load.get(job.owner)
+        if load is not None:
+            load[0] -= 1
+            load[1] -= len(job.body)
+            if load[0] <= 0:
+                del self.client_load[job.owner]
+        self.unfinished_bytes -= len(job.body)
+
+    def _bound_reached(self, owner: bytes, size: int, queued: int) -> str | None:
+        """Why a new job of ``size`` bytes must wait (None: it may be accepted now)."""
+        s = self.settings
+        jobs, held = self.client_load.get(owner, (0, 0))
+        if jobs >= s.max_client_jobs:
+            return f"this client has {jobs} unfinished jobs (bound: max_client_jobs={s.max_client_jobs})"
+        if held + size > s.max_client_bytes:
+            return (f"this client's unfinished jobs hold {held} bytes and this one {size} "
+                    f"(bound: max_client_bytes={s.max_client_bytes})")
+        if queued >= s.max_queue:
+            return f"the broker's queue holds {queued} jobs (bound: max_queue={s.max_queue})"
+        if self.unfinished_bytes + size > s.max_queue_bytes:
+            return f"the broker holds {self.unfinished_bytes} bytes of jobs (bound: max_queue_bytes={s.max_queue_bytes})"
+        return None
+
     # ------------------------------------------------------------------ job lifecycle
     def _complete(self, jid: str, result: bytes) -> None:
         """Record a job's result and owe it to every waiting client. First result wins."""
@@ -393,6 +445,7 @@ class Broker:
                     queue.remove(jid)
                 except ValueError:
                     pass
+        self._release(job)
         self.journal.finish(jid, result)
         for client in job.waiters:
             self.to_send.setdefault(client, {})[jid] = result
@@ -435,10 +488,19 @@ class Broker:
     def _on_submit(self, client: bytes, message) -> None:
         items = protocol.items_of(message, ("id", "service"))
         accepted, busy, errors, fresh = [], [], [], []
+        busy_reason = None
+        owner = self._principal(client)
         for item in items:
             service, claimed = item["service"], item["id"]
             if not isinstance(service, str) or not 0 < len(service) <= _MAX_SERVICE_NAME:
                 errors.append({"id": claimed, "error": "service must be a short non-empty string"})
+                continue
+            if service not in self.known_services:
+                self.counters["unknown_service"] += 1
+                known = sorted(self.known_services)
+                shown = ", ".join(known[:20]) + (f" and {len(known) - 20} more" if len(known) > 20 else "")
+                errors.append({"id": claimed, "error": f"unknown service {service!r}: no worker has registered it "
+                               f"and the broker is not configured for it (known: {shown or 'none'})"})
                 continue
             body = protocol.payload_of(message, item)
             salt = item.get("salt", "")
@@ -465,18 +527,29 @@ class Broker:
                 self.counters["duplicates"] += 1
                 accepted.append(jid)
                 continue
-            if queued >= self.settings.max_queue:
+            if len(body) > self.settings.max_client_bytes:
+                self.counters["too_large"] += 1
+                errors.append({"id": jid, "error": f"job of {len(body)} bytes can never fit the per-client bound "
+                               f"(max_client_bytes={self.settings.max_client_bytes})"})
+                continue
+            reason = self._bound_reached(owner, len(body), queued)
+            if reason is not None:
                 busy.append(jid)
+                busy_reason = busy_reason or reason
                 self.counters["busy"] += 1
                 continue
             limit = float(limit) if isinstance(limit, (int, float)) and limit > 0 else None
-            self.journal.accept(jid, service, body, limit, client)
-            self.jobs[jid] = JobState(jid, service, body, limit, waiters={client})
+            self.journal.accept(jid, service, body, limit, client, owner)
+            job = self.jobs[jid] = JobState(jid, service, body, limit, waiters={client}, owner=owner)
+            self._charge(job)
             self.queues.setdefault(service, deque()).append(jid)
             queued += 1
             self.counters["accepted"] += 1
             accepted.append(jid)
-        self._queue(client, Kind.ACCEPTED, {"ids": accepted, "busy": busy, "errors": errors, "epoch": self.epoch})
+        fields = {"ids": accepted, "busy": busy, "errors": errors, "epoch": self.epoch}
+        if busy_reason:
+            fields["busy_reason"] = busy_reason
+        self._queue(client, Kind.ACCEPTED, fields)
 
     def _queued_total(self) -> int:
         return sum(len(q) for q in self.queues.values())
@@ -497,8 +570,10 @@ class Broker:
     def _on_ready(self, wid: bytes, message) -> None:
         fields = message.fields
         services = fields.get("services")
-        if not isinstance(services, list) or not services or not all(isinstance(s, str) for s in services):
-            raise ProtocolError("'ready' needs a non-empty list of service names")
+        if (not isinstance(services, list) or not 0 < len(services) <= _MAX_SERVICES_PER_WORKER
+                or not all(isinstance(s, str) and 0 < len(s) <= _MAX_SERVICE_NAME for s in services)):
+            raise ProtocolError(f"'ready' needs a list of 1 to {_MAX_SERVICES_PER_WORKER} service names "
+                                f"of at most {_MAX_SERVICE_NAME} characters")
         capacity = fields.get("capacity", 1)
         if not isinstance(capacity, int) or capacity < 1:
             raise ProtocolError("'ready' capacity must be a positive integer")
@@ -506,6 +581,12 @@ class Broker:
         if not isinstance(inflight, list) or not all(isinstance(i, dict) and isinstance(i.get("id"), str)
                                                      for i in inflight):
             raise ProtocolError("'ready' inflight must be a list of {id, lease, attempt} maps")
+        new = [s for s in dict.fromkeys(services) if s not in self.known_services]
+        if len(self.known_services) + len(new) > _MAX_SERVICES:
+            raise ProtocolError(f"the broker already knows {len(self.known_services)} services (at most {_MAX_SERVICES})")
+        for service in new:
+            self.known_services.add(service)
+            self.journal.add_service(service)
         capabilities = fields.get("capabilities") or {}
         reported = {item["id"]: item for item in inflight}
         worker = self.workers.get(wid)
@@ -622,9 +703,14 @@ class Broker:
         """A snapshot for ``cuda-agent bridge-status`` (msgpack-able)."""
         now = time.monotonic()
         last10 = sum(1 for t in self.completions if t >= now - 10.0)
+        counters = dict(self.counters)
         return {
             "epoch": self.epoch,
             "endpoints": self.endpoints,
+            "curve": self.auth is not None,
+            "services": sorted(self.known_services),
+            "clients_with_jobs": len(self.client_load),
+            "unfinished_bytes": self.unfinished_bytes,
             "uptime_s": time.time() - self.started,
             "queued": {s: len(q) for s, q in self.queues.items()},
             "inflight": sum(len(w.inflight) for w in self.workers.values()),
@@ -632,7 +718,7 @@ class Broker:
             "owed_results": sum(len(v) for v in self.to_send.values()),
             "throughput_10s": last10 / 10.0,
             "throughput_60s": len(self.completions) / 60.0,
-            "counters": dict(self.counters),
+            "counters": counters,
             "workers": [
                 {"id": w.id.decode(errors="replace"), "services": list(w.services), "capacity": w.capacity,
                  "inflight": len(w.inflight), "draining": w.draining,

@@ -37,7 +37,8 @@ class Kind:
     PING = "ping"
     STATUS = "status"
     # broker -> client
-    ACCEPTED = "accepted"  # fields: ids, busy (ids refused because the queue is full), epoch
+    ACCEPTED = "accepted"  # fields: ids, busy (ids to retry later: a bound is reached), busy_reason,
+    #                        errors=[{id, error}] (refused for good: unknown service, too large...), epoch
     RESULTS = "results"  # fields: items=[{id, body|frame}]
     PONG = "pong"  # fields: epoch
     STATUS_REPLY = "status_reply"

@@ -7,6 +7,7 @@ by the `gated` handler until the test releases them: no sleeps tuned to the mach
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sqlite3
 import stat
@@ -218,6 +219,122 @@ def test_the_journal_is_readable_by_its_owner_only(tmp_path):
     Journal(old).close()
     assert mode(old) == 0o600
     assert mode(shared) == 0o755, "a folder the journal did not create is left as it is"
+
+
+# ---------------------------------------------------------------------------- services
+
+
+def test_a_job_for_an_unknown_service_is_refused_at_submission_and_nothing_is_kept(tmp_path):
+    endpoint = free_tcp_endpoint()
+    settings = dataclasses.replace(FAST_TEST_SETTINGS, services=("evaluate",))
+    broker = start_broker(endpoint, tmp_path / "journal.db", settings)
+    worker = start_worker(endpoint, "square", services=["square"], settings=settings)
+    try:
+        with BridgeClient(endpoint, settings=settings) as client:
+            wait_for_workers(client, 1)
+            big = {"x": 3, "blob": b"z" * (8 << 20)}
+            refused = client.run_batch("no-such-service", [big], timeout=20)[0]
+            squared = client.run_batch("square", [{"x": 4}], timeout=20)[0]  # registered by its worker
+            queued = client.submit_future("evaluate", {"x": 5}, timeout=60)  # configured, no worker yet
+            status = wait_for(lambda: (s := client.status()) and s["queued"].get("evaluate") == 1 and s,
+                              what="the configured service's job to be queued")
+            assert not queued.done()
+        assert refused["status"] == "infra_error"
+        assert "unknown service 'no-such-service'" in refused["error"] and "known: evaluate, square" in refused["error"]
+        assert squared["value"] == 16
+        assert status["counters"]["unknown_service"] == 1 and status["counters"]["accepted"] == 2
+        assert status["unfinished"] == 1 and status["journal"]["unfinished"] == 1
+        assert status["unfinished_bytes"] < 1024, "the refused job's 8 MiB are not kept"
+    finally:
+        stop(worker)
+        stop(broker)
+
+
+def test_services_a_worker_registered_are_remembered_across_a_restart(tmp_path):
+    settings = dataclasses.replace(FAST_TEST_SETTINGS, services=())
+    broker = Broker("tcp://127.0.0.1:*", tmp_path / "j.db", settings)
+    try:
+        assert _submit(broker, b"c", "special", {"x": 1}) not in broker.jobs
+        broker._handle(_frames(b"w", Kind.READY, {"services": ["special"], "capacity": 1, "inflight": []}))
+        broker.journal.commit()
+    finally:
+        broker.close()
+    again = Broker("tcp://127.0.0.1:*", tmp_path / "j.db", settings)
+    try:
+        assert again.known_services == {"special"}
+        assert _submit(again, b"c", "special", {"x": 1}) in again.jobs  # before any worker is back
+    finally:
+        again.close()
+
+
+# ---------------------------------------------------------------------------- per-client bounds
+
+BOUNDED = dataclasses.replace(FAST_TEST_SETTINGS, max_client_jobs=3, max_client_bytes=10_000,
+                              services=("evaluate", "idle"))
+
+
+def _raw_submit(peer: RawPeer, service: str, jobs: list):
+    bodies = [protocol.pack_body(job) for job in jobs]
+    items = [{"id": protocol.job_id(service, b), "service": service, "frame": i} for i, b in enumerate(bodies)]
+    seen = len(peer.received)
+    peer.send(Kind.SUBMIT, {"items": items}, bodies)
+    return [item["id"] for item in items], peer.wait_for(Kind.ACCEPTED, start=seen).fields
+
+
+def test_per_client_bounds_answer_busy_with_the_reason_and_refuse_what_can_never_fit(tmp_path):
+    endpoint = free_tcp_endpoint()
+    broker = start_broker(endpoint, tmp_path / "journal.db", BOUNDED)
+    first, second, third = RawPeer(endpoint), RawPeer(endpoint), RawPeer(endpoint)
+    try:
+        ids, answer = _raw_submit(first, "idle", [{"n": i} for i in range(5)])
+        assert answer["ids"] == ids[:3] and answer["busy"] == ids[3:]
+        assert "max_client_jobs=3" in answer["busy_reason"]
+        ids, answer = _raw_submit(second, "idle", [{"n": 0}, {"n": 100}])  # a duplicate costs it nothing
+        assert answer["ids"] == ids and answer["busy"] == []
+        ids, answer = _raw_submit(third, "idle", [{"b": b"x" * 6000}, {"b": b"y" * 6000}, {"b": b"z" * 20_000}])
+        assert answer["ids"] == ids[:1] and answer["busy"] == ids[1:2]
+        assert "max_client_bytes=10000" in answer["busy_reason"]
+        assert [e["id"] for e in answer["errors"]] == ids[2:] and "can never fit" in answer["errors"][0]["error"]
+    finally:
+        for peer in (first, second, third):
+            peer.close()
+        stop(broker)
+
+
+def test_a_client_beyond_its_bound_is_held_back_and_every_job_completes_once(tmp_path):
+    endpoint = free_tcp_endpoint()
+    settings = dataclasses.replace(BOUNDED, max_client_jobs=2)
+    broker = start_broker(endpoint, tmp_path / "journal.db", settings)
+    worker = start_worker(endpoint, "counted", settings=settings)
+    counter = tmp_path / "counter.txt"
+    jobs = [{"counter_file": str(counter), "seconds": 0.02, "tag": f"b{i}"} for i in range(12)]
+    try:
+        with BridgeClient(endpoint, settings=settings) as client:
+            wait_for_workers(client, 1)
+            results = client.run_batch("evaluate", jobs, timeout=120)
+            counters = client.status()["counters"]
+        assert [r["status"] for r in results] == ["correct"] * 12
+        assert [r["tag"] for r in results] == [j["tag"] for j in jobs]
+        assert sorted(line.split()[0] for line in read_lines(counter)) == sorted(j["tag"] for j in jobs)
+        assert counters["busy"] >= 10, "the bound held the client back"
+        assert counters["accepted"] == 12 and counters["completed"] == 12
+    finally:
+        stop(worker)
+        stop(broker)
+
+
+def test_a_job_still_refused_as_busy_at_its_timeout_says_so(tmp_path):
+    endpoint = free_tcp_endpoint()
+    settings = dataclasses.replace(BOUNDED, max_client_jobs=1)
+    broker = start_broker(endpoint, tmp_path / "journal.db", settings)
+    try:
+        with BridgeClient(endpoint, settings=settings) as client:
+            waits, held_back = client.run_batch("idle", [{"n": 1}, {"n": 2}], timeout=1.0)
+        assert waits["status"] == held_back["status"] == "infra_error"
+        assert "within the timeout" in waits["error"] and "busy" not in waits["error"]
+        assert "was busy" in held_back["error"] and "max_client_jobs=1" in held_back["error"]
+    finally:
+        stop(broker)
 
 
 @pytest.mark.parametrize("bad", [[{"id": "x"}], ["x"], "x"])
