@@ -9,7 +9,8 @@ is journaled before it is acknowledged). What the guide's brokers lack and this 
 - idempotency: job ids are content-derived, a duplicate of a queued, running or finished job
   is attached to it, and every waiting client gets the one result;
 - authority: a result counts only when it returns the lease the broker issued with the job
-  (token, worker identity and attempt must all match);
+  (token, worker identity and attempt must all match); under CURVE every message is also checked
+  against the role of the key that sent it (client or worker);
 - bounded queues: past ``max_queue`` queued jobs, or a client's bound in jobs or bytes, new jobs
   are answered "busy" (the client retries), never dropped; jobs for a service nobody serves are
   refused at submission;
@@ -36,7 +37,8 @@ import zmq
 
 from bridge import protocol
 from bridge.journal import Journal
-from bridge.protocol import CLIENT_KINDS, Kind, ProtocolError
+from bridge.protocol import CLIENT_KINDS, WORKER_KINDS, Kind, ProtocolError
+from bridge.security import role_of
 from bridge.settings import BridgeSettings
 
 log = logging.getLogger("bridge.broker")
@@ -84,6 +86,7 @@ class WorkerState:
     last_seen: float
     inflight: set = field(default_factory=set)
     draining: bool = False
+    key: str | None = None  # the CURVE key that registered it (its later messages must come with it)
 
     @property
     def free(self) -> int:
@@ -133,10 +136,11 @@ class Broker:
         self.completions: deque = deque()  # monotonic times of recent completions (throughput)
         self.counters = {"accepted": 0, "completed": 0, "duplicates": 0, "busy": 0, "errors": 0, "requeued": 0,
                          "workers_registered": 0, "workers_reregistered": 0, "workers_lost": 0,
-                         "leases_refused": 0, "unknown_service": 0, "too_large": 0}
+                         "leases_refused": 0, "roles_refused": 0, "unknown_service": 0, "too_large": 0}
         self.known_services: set = set(settings.services) | self.journal.services()
         self.client_load: dict[bytes, list] = {}  # owner -> [unfinished jobs, bytes of their bodies]
         self.unfinished_bytes = 0
+        self._user: str | None = None  # the User-Id (CURVE role and key) of the message being handled
         self._warned_at = 0.0
         self._unwarned = 0
         self._restore()
@@ -190,10 +194,12 @@ class Broker:
                 if poller.poll(min(timeout_ms, 200)):
                     for _ in range(_DRAIN):
                         try:
-                            frames = self.socket.recv_multipart(zmq.NOBLOCK)
+                            if self.auth is None:
+                                self._handle(self.socket.recv_multipart(zmq.NOBLOCK))
+                            else:
+                                self._handle(*self._recv_with_user())
                         except zmq.Again:
                             break
-                        self._handle(frames)
                     if self._drain_monitor(monitor):
                         self._probe_workers()
                 self._dispatch()
@@ -210,6 +216,17 @@ class Broker:
             self.socket.disable_monitor()
             monitor.close(linger=0)
             self.close()
+
+    def _recv_with_user(self) -> tuple[list, str | None]:
+        """One message and the User-Id ZeroMQ attached to it (set by our ZAP handler at the handshake)."""
+        parts = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+        user = None
+        if len(parts) > 1:
+            try:
+                user = parts[1].get("User-Id")
+            except zmq.ZMQError:
+                user = None
+        return [part.bytes for part in parts], user
 
     @staticmethod
     def _drain_monitor(monitor) -> bool:
@@ -314,27 +331,50 @@ class Broker:
             del self.to_send[client]
 
     # ------------------------------------------------------------------ dispatch
-    def _handle(self, frames: list) -> None:
+    def _handle(self, frames: list, user: str | None = None) -> None:
         if len(frames) < 2:
             return  # nothing to answer: a ROUTER always prepends an identity
         identity = frames[0]
         try:
             message = protocol.decode(frames[1:], self.settings.max_message_bytes)
+            if self.auth is not None:
+                refusal = self._role_refusal(identity, message.kind, user)
+                if refusal is not None:
+                    self.counters["roles_refused"] += 1
+                    self._warn("refused '%s' from %s: %s", message.kind, _show(identity), refusal)
+                    ids = [i.get("id") for i in message.fields.get("items") or [] if isinstance(i, dict)]
+                    self._queue(identity, Kind.ERROR, {"error": f"refused: {refusal}",
+                                                       "ids": [i for i in ids if isinstance(i, str)]})
+                    return
             if message.kind in CLIENT_KINDS:
                 self.client_seen[identity] = time.monotonic()
                 self.unreachable.discard(identity)
             handler = self._handlers.get(message.kind)
             if handler is None:
                 raise ProtocolError(f"unknown message kind {message.kind!r}")
+            self._user = user
             handler(identity, message)
         except ProtocolError as exc:
             self.counters["errors"] += 1
             self._queue(identity, Kind.ERROR, {"error": str(exc), "ids": []})
 
-    @staticmethod
-    def _principal(identity: bytes) -> bytes:
-        """Whom a submission counts against: the client's routing id."""
-        return identity
+    def _role_refusal(self, identity: bytes, kind: str, user: str | None) -> str | None:
+        """Why a message may not be handled under CURVE (None: it may). The role is the key's."""
+        role, key = role_of(user)
+        if kind in CLIENT_KINDS and role != "client":
+            return f"'{kind}' needs a client key; this connection's key is authorized as {role or 'nothing'}"
+        if kind in WORKER_KINDS:
+            if role != "worker":
+                return f"'{kind}' needs a worker key; this connection's key is authorized as {role or 'nothing'}"
+            worker = self.workers.get(identity)
+            if worker is not None and worker.key != key:
+                return f"worker {_show(identity)} was registered with another key"
+        return None
+
+    def _principal(self, identity: bytes) -> bytes:
+        """Whom a submission counts against: the CURVE key when there is one, else the routing id."""
+        _, key = role_of(self._user)
+        return key.encode() if key else identity
 
     def _warn(self, message: str, *args) -> None:
         """Log a refusal, at most once per second (a flood of forgeries must not flood the log)."""
@@ -591,7 +631,8 @@ class Broker:
         reported = {item["id"]: item for item in inflight}
         worker = self.workers.get(wid)
         if worker is None:
-            worker = WorkerState(wid, tuple(services), capabilities, capacity, time.monotonic())
+            worker = WorkerState(wid, tuple(services), capabilities, capacity, time.monotonic(),
+                                 key=role_of(self._user)[1])
             self.workers[wid] = worker
             self.counters["workers_registered"] += 1
             log.info("worker %s registered for %s", _show(wid), services)
@@ -704,6 +745,8 @@ class Broker:
         now = time.monotonic()
         last10 = sum(1 for t in self.completions if t >= now - 10.0)
         counters = dict(self.counters)
+        if self.auth is not None:
+            counters["handshakes_refused"] = self.auth.refused
         return {
             "epoch": self.epoch,
             "endpoints": self.endpoints,

@@ -5,7 +5,7 @@
     cuda-agent worker --service compile --count 4
     cuda-agent submit TASK.py SOLUTION [--service evaluate] [--backend cuda] [--set key=value]
     cuda-agent bridge-status [--endpoint ENDPOINT] [--json]
-    cuda-agent keys generate KEYS
+    cuda-agent keys generate KEYS [--client NAME ...] [--worker NAME ...]
 """
 
 from __future__ import annotations
@@ -121,8 +121,10 @@ def register(app: typer.Typer) -> None:
             from bridge.security import CurveServer
 
             server = CurveServer.from_dir(curve)
-            if not server.secret_key_file.is_file() or not server.authorized_dir.is_dir():
-                _fail(f"{curve} lacks broker.key_secret or authorized/ (run `cuda-agent keys generate {curve}`)")
+            missing = server.missing()
+            if missing:
+                _fail(f"{curve} lacks {', '.join(str(p.relative_to(curve)) for p in missing)} "
+                      f"(run `cuda-agent keys generate {curve}`)")
         elif any(_leaves_host(b) for b in bind):
             typer.echo("warning: binding beyond loopback without --curve: anyone who reaches the port can submit "
                        "jobs (see bridge/security.py)", err=True)
@@ -234,14 +236,20 @@ def register(app: typer.Typer) -> None:
     @keys.command("generate")
     def generate(
         directory: Path = typer.Argument(..., help="Folder for the key files."),
-        name: List[str] = typer.Option(["broker", "client", "worker"], help="Key pairs to make."),
+        client: List[str] = typer.Option(["client"], help="Client key pairs to make (authorized as clients)."),
+        worker: List[str] = typer.Option(["worker"], help="Worker key pairs to make (authorized as workers)."),
+        broker: bool = typer.Option(True, help="Make the broker's key pair too (--no-broker: add keys to a folder)."),
     ) -> None:
-        """Make CURVE key pairs (broker, client, worker) and the broker's authorized/ folder."""
-        from bridge.security import generate_keys
+        """Make CURVE key pairs and the broker's allow-lists (authorized/clients/, authorized/workers/)."""
+        from bridge.security import KeyError_, generate_keys
 
-        if "broker" not in name and not (directory / "broker.key").exists():
-            typer.echo("note: no broker key in this folder yet; add --name broker", err=True)
-        for path in generate_keys(directory, name):
+        if not broker and not (directory / "broker.key").exists():
+            typer.echo("note: no broker key in this folder yet; run without --no-broker", err=True)
+        try:
+            paths = generate_keys(directory, client, worker, broker=broker)
+        except KeyError_ as exc:
+            _fail(str(exc))
+        for path in paths:
             typer.echo(str(path))
 
     app.add_typer(keys, name="keys")

@@ -338,6 +338,8 @@ class BridgeClient:
             self._status_waiters = []
         elif message.kind == Kind.ERROR:
             log.warning("broker error: %s", fields.get("error"))
+            for jid in fields.get("ids") or []:  # an answer to a submission: those jobs are refused
+                self._refused(jid, fields.get("error"))
 
     def _refused(self, jid, reason) -> None:
         waiting = self._waiting.pop(jid, None) if isinstance(jid, str) else None

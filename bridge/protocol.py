@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-PROTOCOL_VERSION = 2  # 2: jobs carry a lease that results must return
+PROTOCOL_VERSION = 2  # 2: jobs carry a lease that results must return; roles under CURVE
 JOB_ID_DOMAIN = b"cuda-agent-job/1\0"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 INLINE_PAYLOAD_BYTES = 8 * 1024  # bodies up to this size ride inside the header
