@@ -24,6 +24,10 @@ from tests.bridge_procs import (RawPeer, free_tcp_endpoint, read_lines, start_br
                                 wait_for_workers)
 
 FORGED = protocol.pack_body({"status": "correct", "reward": 3, "verdict": "forged"})
+# Fast heartbeats, but a peer counts as gone only after 2 s of silence: on a starved 2-core machine
+# a worker silent for 0.3 s would be requeued (a second evaluation) and a client would resubmit,
+# and these tests count evaluations and refusals exactly.
+PATIENT = dataclasses.replace(FAST_TEST_SETTINGS, liveness=20)
 
 
 def _gated_job(tmp_path, tag: str) -> dict:
@@ -43,12 +47,12 @@ def test_forged_done_without_the_lease_is_refused_and_the_real_verdict_arrives_o
     'done' with a perfect score while the real evaluation runs: the broker refuses every form of
     the forgery and delivers the worker's verdict, once."""
     endpoint, journal = free_tcp_endpoint(), tmp_path / "journal.db"
-    broker = start_broker(endpoint, journal)
-    worker = start_worker(endpoint, "gated")
+    broker = start_broker(endpoint, journal, PATIENT)
+    worker = start_worker(endpoint, "gated", settings=PATIENT)
     job = _gated_job(tmp_path, "real")
     peers = []
     try:
-        with BridgeClient(endpoint, settings=FAST_TEST_SETTINGS) as client:
+        with BridgeClient(endpoint, settings=PATIENT) as client:
             wait_for_workers(client, 1)
             future = client.submit_future("evaluate", job, timeout=120)
             wait_for(lambda: read_lines(job["start_file"]), what="the evaluation to start")
@@ -93,18 +97,18 @@ def test_a_worker_answering_after_its_job_was_reassigned_is_refused(tmp_path):
     """Worker A goes silent holding a job; the job moves to worker B with a new lease; A comes back
     and answers with its old lease: refused and counted, B's verdict is the one delivered."""
     endpoint = free_tcp_endpoint()
-    broker = start_broker(endpoint, tmp_path / "journal.db")
+    broker = start_broker(endpoint, tmp_path / "journal.db", PATIENT)
     job = _gated_job(tmp_path, "moved")
     worker_b = None
     stale = RawPeer(endpoint, identity=b"worker-a")
     try:
-        with BridgeClient(endpoint, settings=FAST_TEST_SETTINGS) as client:
+        with BridgeClient(endpoint, settings=PATIENT) as client:
             stale.send(Kind.READY, {"services": ["evaluate"], "capacity": 1, "inflight": []})
             stale.heartbeat_until(lambda: len(client.status()["workers"]) == 1, what="worker A to register")
             future = client.submit_future("evaluate", job, timeout=120)
             item = stale.wait_for(Kind.JOBS, heartbeat=True).fields["items"][0]
             lease, attempt = item.get("lease", ""), item.get("attempt")
-            worker_b = start_worker(endpoint, "gated")
+            worker_b = start_worker(endpoint, "gated", settings=PATIENT)
             stale.heartbeat_until(lambda: len(client.status()["workers"]) == 2, what="worker B to register")
             # A falls silent: after the silence limit the job is requeued and B starts it.
             wait_for(lambda: read_lines(job["start_file"]), timeout=60, what="worker B to start the job")
@@ -226,7 +230,7 @@ def test_the_journal_is_readable_by_its_owner_only(tmp_path):
 
 def test_a_job_for_an_unknown_service_is_refused_at_submission_and_nothing_is_kept(tmp_path):
     endpoint = free_tcp_endpoint()
-    settings = dataclasses.replace(FAST_TEST_SETTINGS, services=("evaluate",))
+    settings = dataclasses.replace(PATIENT, services=("evaluate",))
     broker = start_broker(endpoint, tmp_path / "journal.db", settings)
     worker = start_worker(endpoint, "square", services=["square"], settings=settings)
     try:
@@ -237,12 +241,13 @@ def test_a_job_for_an_unknown_service_is_refused_at_submission_and_nothing_is_ke
             squared = client.run_batch("square", [{"x": 4}], timeout=20)[0]  # registered by its worker
             queued = client.submit_future("evaluate", {"x": 5}, timeout=60)  # configured, no worker yet
             status = wait_for(lambda: (s := client.status()) and s["queued"].get("evaluate") == 1 and s,
-                              what="the configured service's job to be queued")
+                              timeout=60, what="the configured service's job to be queued")
             assert not queued.done()
         assert refused["status"] == "infra_error"
         assert "unknown service 'no-such-service'" in refused["error"] and "known: evaluate, square" in refused["error"]
         assert squared["value"] == 16
-        assert status["counters"]["unknown_service"] == 1 and status["counters"]["accepted"] == 2
+        assert status["counters"]["unknown_service"] >= 1  # more if the client resubmitted before the answer
+        assert status["counters"]["accepted"] == 2
         assert status["unfinished"] == 1 and status["journal"]["unfinished"] == 1
         assert status["unfinished_bytes"] < 1024, "the refused job's 8 MiB are not kept"
     finally:
@@ -269,7 +274,7 @@ def test_services_a_worker_registered_are_remembered_across_a_restart(tmp_path):
 
 # ---------------------------------------------------------------------------- per-client bounds
 
-BOUNDED = dataclasses.replace(FAST_TEST_SETTINGS, max_client_jobs=3, max_client_bytes=10_000,
+BOUNDED = dataclasses.replace(PATIENT, max_client_jobs=3, max_client_bytes=10_000,
                               services=("evaluate", "idle"))
 
 
@@ -329,7 +334,7 @@ def test_a_job_still_refused_as_busy_at_its_timeout_says_so(tmp_path):
     broker = start_broker(endpoint, tmp_path / "journal.db", settings)
     try:
         with BridgeClient(endpoint, settings=settings) as client:
-            waits, held_back = client.run_batch("idle", [{"n": 1}, {"n": 2}], timeout=1.0)
+            waits, held_back = client.run_batch("idle", [{"n": 1}, {"n": 2}], timeout=3.0)
         assert waits["status"] == held_back["status"] == "infra_error"
         assert "within the timeout" in waits["error"] and "busy" not in waits["error"]
         assert "was busy" in held_back["error"] and "max_client_jobs=1" in held_back["error"]

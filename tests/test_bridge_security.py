@@ -84,7 +84,8 @@ def test_a_client_key_cannot_act_as_a_worker_and_a_worker_key_cannot_submit(tmp_
         with BridgeClient(endpoint, curve=keys, settings=FAST_TEST_SETTINGS) as client:
             future = client.submit_future("evaluate", {"x": 6}, timeout=120)
             # The impostor's 'ready' and heartbeats are refused and counted; it is never a worker.
-            wait_for(lambda: client.status()["counters"]["roles_refused"] >= 3, what="the impostor to be refused")
+            wait_for(lambda: client.status()["counters"]["roles_refused"] >= 3, timeout=60,
+                     what="the impostor to be refused")
             jid = protocol.job_id("evaluate", protocol.pack_body({"x": 6}))
             peer.send(Kind.READY, {"services": ["evaluate"], "capacity": 1, "inflight": []})
             peer.send(Kind.DONE, {"items": [{"id": jid, "lease": "0" * 32, "attempt": 1,
