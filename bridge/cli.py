@@ -1,11 +1,11 @@
 """Subcommands of this package for the `cuda-agent` command (imports stay light here).
 
-    cuda-agent broker [--bind tcp://127.0.0.1:5555] [--journal PATH] [--curve KEYS]
+    cuda-agent broker [--bind tcp://127.0.0.1:5555] [--journal PATH] [--curve KEYS] [--service NAME ...]
     cuda-agent worker --service evaluate --gpus 0,1 [--connect ENDPOINT]
     cuda-agent worker --service compile --count 4
     cuda-agent submit TASK.py SOLUTION [--service evaluate] [--backend cuda] [--set key=value]
     cuda-agent bridge-status [--endpoint ENDPOINT] [--json]
-    cuda-agent keys generate KEYS
+    cuda-agent keys generate KEYS [--client NAME ...] [--worker NAME ...]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import typer
 
-from cuda_agent.contracts import Timeouts
+from cuda_agent.contracts import EVALUATOR_HANDLERS, Timeouts
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 DEFAULT_JOURNAL = Path.home() / ".cache" / "cuda-agent" / "bridge" / "journal.db"
@@ -30,13 +30,20 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _settings(heartbeat: float, liveness: int, max_attempts: int, max_queue: int, max_message_mb: float,
-              time_limit: float) -> dict:
+              time_limit: float, **bounds) -> dict:
     from bridge.settings import MIB
 
     if heartbeat <= 0 or liveness < 1 or max_attempts < 1 or max_queue < 1 or max_message_mb <= 0 or time_limit <= 0:
         _fail("heartbeat, liveness, max-attempts, max-queue, max-message-mb and time-limit must be positive")
-    return {"heartbeat_s": heartbeat, "liveness": liveness, "max_attempts": max_attempts, "max_queue": max_queue,
-            "max_message_bytes": int(max_message_mb * MIB), "time_limit_s": time_limit}
+    settings = {"heartbeat_s": heartbeat, "liveness": liveness, "max_attempts": max_attempts, "max_queue": max_queue,
+                "max_message_bytes": int(max_message_mb * MIB), "time_limit_s": time_limit}
+    if bounds:
+        if any(v <= 0 for v in bounds.values()):
+            _fail("max-client-jobs, max-client-mb and max-queue-mb must be positive")
+        settings.update({"max_client_jobs": int(bounds["max_client_jobs"]),
+                         "max_client_bytes": int(bounds["max_client_mb"] * MIB),
+                         "max_queue_bytes": int(bounds["max_queue_mb"] * MIB)})
+    return settings
 
 
 def _leaves_host(endpoint: str) -> bool:
@@ -91,8 +98,14 @@ def register(app: typer.Typer) -> None:
         liveness: int = typer.Option(3, help="Heartbeats a worker may miss before its jobs are requeued."),
         max_attempts: int = typer.Option(3, help="Attempts per job before it ends as infra_error."),
         max_queue: int = typer.Option(100_000, help="Queued jobs beyond which submissions are answered 'busy'."),
+        max_queue_mb: float = typer.Option(4096.0, help="MiB of unfinished jobs beyond which submissions are 'busy'."),
+        max_client_jobs: int = typer.Option(50_000, help="Unfinished jobs one client may have; beyond: 'busy'."),
+        max_client_mb: float = typer.Option(1024.0, help="MiB of unfinished jobs one client may have; beyond: 'busy'."),
         max_message_mb: float = typer.Option(64.0, help="Largest accepted message, MiB."),
         time_limit: float = typer.Option(Timeouts().worker_job_s, help="Default seconds one evaluation may run."),
+        service: List[str] = typer.Option(sorted(EVALUATOR_HANDLERS),
+                                          help="Services accepted before a worker registers them (any service a "
+                                               "worker registers is added); jobs for other services are refused."),
     ) -> None:
         """Run the ZeroMQ broker between trainer clients and evaluator workers."""
         import logging
@@ -100,14 +113,18 @@ def register(app: typer.Typer) -> None:
         from bridge.broker import serve_broker
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s broker %(levelname)s %(message)s")
-        settings = _settings(heartbeat, liveness, max_attempts, max_queue, max_message_mb, time_limit)
+        settings = _settings(heartbeat, liveness, max_attempts, max_queue, max_message_mb, time_limit,
+                             max_client_jobs=max_client_jobs, max_client_mb=max_client_mb, max_queue_mb=max_queue_mb)
+        settings["services"] = tuple(service)
         server = None
         if curve is not None:
             from bridge.security import CurveServer
 
             server = CurveServer.from_dir(curve)
-            if not server.secret_key_file.is_file() or not server.authorized_dir.is_dir():
-                _fail(f"{curve} lacks broker.key_secret or authorized/ (run `cuda-agent keys generate {curve}`)")
+            missing = server.missing()
+            if missing:
+                _fail(f"{curve} lacks {', '.join(str(p.relative_to(curve)) for p in missing)} "
+                      f"(run `cuda-agent keys generate {curve}`)")
         elif any(_leaves_host(b) for b in bind):
             typer.echo("warning: binding beyond loopback without --curve: anyone who reaches the port can submit "
                        "jobs (see bridge/security.py)", err=True)
@@ -219,14 +236,20 @@ def register(app: typer.Typer) -> None:
     @keys.command("generate")
     def generate(
         directory: Path = typer.Argument(..., help="Folder for the key files."),
-        name: List[str] = typer.Option(["broker", "client", "worker"], help="Key pairs to make."),
+        client: List[str] = typer.Option(["client"], help="Client key pairs to make (authorized as clients)."),
+        worker: List[str] = typer.Option(["worker"], help="Worker key pairs to make (authorized as workers)."),
+        broker: bool = typer.Option(True, help="Make the broker's key pair too (--no-broker: add keys to a folder)."),
     ) -> None:
-        """Make CURVE key pairs (broker, client, worker) and the broker's authorized/ folder."""
-        from bridge.security import generate_keys
+        """Make CURVE key pairs and the broker's allow-lists (authorized/clients/, authorized/workers/)."""
+        from bridge.security import KeyError_, generate_keys
 
-        if "broker" not in name and not (directory / "broker.key").exists():
-            typer.echo("note: no broker key in this folder yet; add --name broker", err=True)
-        for path in generate_keys(directory, name):
+        if not broker and not (directory / "broker.key").exists():
+            typer.echo("note: no broker key in this folder yet; run without --no-broker", err=True)
+        try:
+            paths = generate_keys(directory, client, worker, broker=broker)
+        except KeyError_ as exc:
+            _fail(str(exc))
+        for path in paths:
             typer.echo(str(path))
 
     app.add_typer(keys, name="keys")

@@ -7,8 +7,12 @@
 One background thread owns the DEALER socket (ZeroMQ sockets are not thread-safe); callers
 hand it jobs through a queue and a wake-up pipe and wait on futures. The thread:
 
-- batches submissions into few messages; jobs the broker calls "busy" are retried after
-  ``busy_retry_s`` until their timeout;
+- batches submissions into few messages; jobs the broker calls "busy" (a bound on its queue or
+  on this client's share is reached) are retried with back-off: ``busy_retry_s`` doubling up to
+  ``busy_retry_max_s``, with jitter, until their timeout, when the future resolves to an
+  ``infra_error`` that says the broker was busy and why. A job without a timeout is retried for
+  as long as it takes. Jobs the broker refuses for good (unknown service, larger than a client
+  may ever have queued) resolve at once with the broker's reason;
 - pings the broker while it waits; when the broker's epoch changes (it restarted) or it has
   been silent for ``liveness`` heartbeats, resubmits every job still waiting. Resubmitting is
   safe: ids are content-derived, the broker attaches duplicates to the running or finished job;
@@ -24,6 +28,7 @@ import heapq
 import logging
 import os
 import queue
+import random
 import threading
 import time
 import uuid
@@ -53,6 +58,8 @@ class _Waiting:
     time_limit: float | None
     futures: list = field(default_factory=list)  # (future, deadline or None)
     state: str = "unsent"  # unsent | sent | accepted | busy
+    busy_count: int = 0  # "busy" answers so far (the back-off doubles with each)
+    busy_reason: str | None = None
 
 
 class BridgeClient:
@@ -315,20 +322,31 @@ class BridgeClient:
                 if jid in self._waiting and self._waiting[jid].state == "sent":
                     self._waiting[jid].state = "accepted"
             for jid in fields.get("busy") or []:
-                if jid in self._waiting:
-                    self._waiting[jid].state = "busy"
-                    self._busy[jid] = time.monotonic() + self.settings.busy_retry_s
+                waiting = self._waiting.get(jid)
+                if waiting is not None and waiting.state == "sent":
+                    waiting.state = "busy"
+                    waiting.busy_reason = fields.get("busy_reason")
+                    delay = min(self.settings.busy_retry_max_s, self.settings.busy_retry_s * 2 ** waiting.busy_count)
+                    waiting.busy_count += 1
+                    self._busy[jid] = time.monotonic() + delay * random.uniform(0.75, 1.25)
             for error in fields.get("errors") or []:
-                waiting = self._waiting.pop(error.get("id"), None)
-                if waiting is not None:
-                    for future, _ in waiting.futures:
-                        _resolve(future, protocol.infra_error(f"broker refused the job: {error.get('error')}"))
+                if isinstance(error, dict):
+                    self._refused(error.get("id"), error.get("error"))
         elif message.kind == Kind.STATUS_REPLY:
             for future in self._status_waiters:
                 _resolve(future, fields.get("status"))
             self._status_waiters = []
         elif message.kind == Kind.ERROR:
             log.warning("broker error: %s", fields.get("error"))
+            for jid in fields.get("ids") or []:  # an answer to a submission: those jobs are refused
+                self._refused(jid, fields.get("error"))
+
+    def _refused(self, jid, reason) -> None:
+        waiting = self._waiting.pop(jid, None) if isinstance(jid, str) else None
+        if waiting is not None:
+            self._busy.pop(jid, None)
+            for future, _ in waiting.futures:
+                _resolve(future, protocol.infra_error(f"broker refused the job: {reason}", job_id=jid))
 
     def _note_epoch(self, epoch) -> None:
         if epoch and self._epoch and epoch != self._epoch:
@@ -350,8 +368,12 @@ class BridgeClient:
             waiting = self._waiting.get(jid)
             if waiting is None or future.done():
                 continue
-            _resolve(future, protocol.infra_error(
-                f"no result from the bridge at {self.endpoint} within the timeout", job_id=jid))
+            if waiting.state == "busy" or (waiting.busy_count and waiting.state != "accepted"):
+                error = (f"the broker at {self.endpoint} was busy and did not accept the job within the timeout "
+                         f"({waiting.busy_count} tries; last reason: {waiting.busy_reason})")
+            else:
+                error = f"no result from the bridge at {self.endpoint} within the timeout"
+            _resolve(future, protocol.infra_error(error, job_id=jid))
             waiting.futures = [(f, d) for f, d in waiting.futures if f is not future]
             if not waiting.futures:
                 del self._waiting[jid]

@@ -8,17 +8,21 @@ stores and forwards bytes); a small body rides inline in its item (``"body"``), 
 make us build plain maps, lists, strings, numbers and bytes.
 
 A job's id is derived from its content (service, canonical job body, optional salt), so the same
-task + solution + settings submitted twice is recognised as one job.
+task + solution + settings submitted twice is recognised as one job. A job id is therefore not a
+secret (a candidate can compute its own); what authorises a result is the job's *lease*: an
+unguessable token the broker gives the one worker it hands the job to (see :func:`new_lease`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import secrets
 from dataclasses import dataclass, field
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: jobs carry a lease that results must return; roles under CURVE
 JOB_ID_DOMAIN = b"cuda-agent-job/1\0"
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 INLINE_PAYLOAD_BYTES = 8 * 1024  # bodies up to this size ride inside the header
@@ -33,20 +37,25 @@ class Kind:
     PING = "ping"
     STATUS = "status"
     # broker -> client
-    ACCEPTED = "accepted"  # fields: ids, busy (ids refused because the queue is full), epoch
+    ACCEPTED = "accepted"  # fields: ids, busy (ids to retry later: a bound is reached), busy_reason,
+    #                        errors=[{id, error}] (refused for good: unknown service, too large...), epoch
     RESULTS = "results"  # fields: items=[{id, body|frame}]
     PONG = "pong"  # fields: epoch
     STATUS_REPLY = "status_reply"
     ERROR = "error"  # fields: error (one line), ids (affected jobs, may be empty)
-    # worker -> broker
-    READY = "ready"  # fields: services, capabilities, capacity, inflight
-    HEARTBEAT = "heartbeat"
-    DONE = "done"  # fields: items=[{id, body|frame}]
-    FAILED = "failed"  # fields: items=[{id, reason}] (the attempt failed; the broker decides)
+    # worker -> broker (every message about a job carries that job's lease and attempt)
+    READY = "ready"  # fields: services, capabilities, capacity, inflight=[{id, lease, attempt}]
+    HEARTBEAT = "heartbeat"  # names no job: keeps the worker's registration alive
+    DONE = "done"  # fields: items=[{id, lease, attempt, body|frame}]
+    FAILED = "failed"  # fields: items=[{id, lease, attempt, reason}] (the attempt failed; the broker decides)
     BYE = "bye"  # the worker drains and leaves
     # broker -> worker
-    JOBS = "jobs"  # fields: items=[{id, service, body|frame, attempt, time_limit}]
+    JOBS = "jobs"  # fields: items=[{id, service, body|frame, attempt, lease, time_limit}]
     REREGISTER = "reregister"  # the broker does not know this worker (it restarted)
+
+
+CLIENT_KINDS = frozenset({Kind.SUBMIT, Kind.ACK, Kind.PING, Kind.STATUS})
+WORKER_KINDS = frozenset({Kind.READY, Kind.HEARTBEAT, Kind.DONE, Kind.FAILED, Kind.BYE})
 
 
 class ProtocolError(ValueError):
@@ -100,6 +109,29 @@ def job_id(service: str, job_body: bytes, salt: str = "") -> str:
     digest.update(service.encode() + b"\0" + salt.encode() + b"\0")
     digest.update(job_body)
     return digest.hexdigest()
+
+
+def new_lease() -> str:
+    """A fresh lease token: 128 random bits, in hex. Only the worker given the job learns it."""
+    return secrets.token_hex(16)
+
+
+def new_leases(count: int) -> list[str]:
+    """``count`` lease tokens from one read of the OS's CSPRNG (one system call per dispatch, not per job)."""
+    pool = secrets.token_hex(16 * count)
+    return [pool[32 * i:32 * i + 32] for i in range(count)]
+
+
+def lease_digest(lease) -> bytes | None:
+    """sha256 of a lease token: what the broker keeps (in memory and in its journal), never the token."""
+    if not isinstance(lease, str) or not 0 < len(lease) <= 128:
+        return None
+    return hashlib.sha256(lease.encode()).digest()
+
+
+def same_digest(a: bytes | None, b: bytes | None) -> bool:
+    """Constant-time comparison of two lease digests (False when either is missing)."""
+    return a is not None and b is not None and hmac.compare_digest(a, b)
 
 
 def encode(kind: str, fields: dict | None = None, payloads=()) -> list:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, asdict, replace
 
-from cuda_agent.contracts import Timeouts
+from cuda_agent.contracts import EVALUATOR_HANDLERS, Timeouts
 
 MIB = 1024 * 1024
+GIB = 1024 * MIB
 
 
 @dataclass(frozen=True)
@@ -23,10 +24,17 @@ class BridgeSettings:
     reconnect_max_s: float = 32.0  # ... and doubles up to 32 s
     max_attempts: int = 3  # a job is tried this many times before it becomes an infra_error
     max_queue: int = 100_000  # queued (not yet dispatched) jobs per broker; beyond: "busy"
+    max_queue_bytes: int = 4 * GIB  # bytes of unfinished job bodies per broker; beyond: "busy"
+    max_client_jobs: int = 50_000  # unfinished (queued or running) jobs one client may have; beyond: "busy"
+    max_client_bytes: int = 1 * GIB  # bytes of one client's unfinished job bodies; beyond: "busy"
+    # Services the broker accepts jobs for before any worker registered them (workers start
+    # after the broker); any service a worker registers is added, and remembered in the journal.
+    services: tuple = tuple(sorted(EVALUATOR_HANDLERS))
     max_message_bytes: int = 64 * MIB  # a message larger than this is refused with an error
     time_limit_s: float = Timeouts().worker_job_s  # one evaluation may run this long before its child is killed
     result_ttl_s: float = 7 * 24 * 3600.0  # finished results kept for duplicate submissions
-    busy_retry_s: float = 0.5  # a client retries jobs the broker called "busy" after this
+    busy_retry_s: float = 0.5  # a client retries jobs the broker called "busy" after this ...
+    busy_retry_max_s: float = 8.0  # ... doubling per refusal up to this (with jitter), until the job's timeout
 
     @property
     def silence_limit_s(self) -> float:
@@ -38,9 +46,12 @@ class BridgeSettings:
 
     @classmethod
     def from_dict(cls, values: dict | None) -> "BridgeSettings":
-        return replace(cls(), **(values or {}))
+        values = dict(values or {})
+        if "services" in values:
+            values["services"] = tuple(values["services"])
+        return replace(cls(), **values)
 
 
 FAST_TEST_SETTINGS = BridgeSettings(
-    heartbeat_s=0.1, liveness=3, reconnect_min_s=0.05, reconnect_max_s=0.5, busy_retry_s=0.05
+    heartbeat_s=0.1, liveness=3, reconnect_min_s=0.05, reconnect_max_s=0.5, busy_retry_s=0.05, busy_retry_max_s=0.5
 )

@@ -14,6 +14,8 @@ def format_status(status: dict) -> str:
         + f" | in flight: {status['inflight']} | unfinished: {status['unfinished']}"
         + f" | owed results: {status['owed_results']}",
         f"throughput: {status['throughput_10s']:.1f} jobs/s (10 s), {status['throughput_60s']:.1f} jobs/s (60 s)",
+        f"services: {', '.join(status.get('services') or []) or 'none'} | CURVE: {'on' if status.get('curve') else 'off'}"
+        f" | clients with jobs: {status.get('clients_with_jobs', 0)}, {status.get('unfinished_bytes', 0)} bytes",
         "counters: " + ", ".join(f"{k}={v}" for k, v in counters.items()),
         f"journal: {journal.get('unfinished', 0)} unfinished, {journal.get('finished', 0)} finished, "
         f"{journal.get('owed_deliveries', 0)} deliveries owed",

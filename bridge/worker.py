@@ -11,6 +11,10 @@ in a child (:mod:`bridge.evaluation_child`) started with ``spawn``; the supervis
 - sets ``CUDA_VISIBLE_DEVICES`` before the child exists (one worker per GPU; compile workers get
   no GPU at all);
 - drains on SIGTERM: takes no new jobs, finishes the one running, hands back the rest, leaves.
+
+Every job arrives with a lease (a token and an attempt number); the supervisor returns it with
+the job's result or failure and in its registration, and never passes it to the evaluation
+child: code under evaluation cannot learn it, so it cannot answer for its own job.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class _Child:
         child_end.close()
         self.ready = False
         self.capabilities: dict = {}
-        self.jobs: deque = deque()  # (id, body, time_limit, service) in the order sent
+        self.jobs: deque = deque()  # (id, body, time_limit, service, lease, attempt) in the order sent
         self.head_started = 0.0
 
     def send(self, jobs: list) -> None:
@@ -90,9 +94,9 @@ class WorkerSupervisor:
         self.identity = (name or f"w-{socketlib.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}").encode()
         self.context = zmq.Context()
         self.socket = None
-        self.waiting: deque = deque()  # jobs received, not yet given to the child
-        self.done: list = []  # (id, result body) to report
-        self.failed: list = []  # (id, reason) to report
+        self.waiting: deque = deque()  # jobs received, not yet given to the child (see _Child.jobs)
+        self.done: list = []  # (id, lease, attempt, result body) to report
+        self.failed: list = []  # (id, lease, attempt, reason) to report
         self.draining = False
         self.stop_now = False
         self.registered = False
@@ -127,17 +131,19 @@ class WorkerSupervisor:
         except zmq.Again:
             log.warning("broker link full; dropped a %s message (the broker will requeue if needed)", kind)
 
-    def held_ids(self) -> list:
-        ids = [j[0] for j in self.waiting]
+    def held(self) -> list:
+        """{id, lease, attempt} of every job this worker holds (to claim them when it registers again)."""
+        jobs = [(j[0], j[4], j[5]) for j in self.waiting]
         if self.child is not None:
-            ids += [j[0] for j in self.child.jobs]
-        return ids + [d[0] for d in self.done]
+            jobs += [(j[0], j[4], j[5]) for j in self.child.jobs]
+        jobs += [d[:3] for d in self.done]
+        return [{"id": jid, "lease": lease, "attempt": attempt} for jid, lease, attempt in jobs]
 
     def _register(self) -> None:
         caps = dict(self.child.capabilities) if self.child else {}
         caps.setdefault("cuda_visible_devices", os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._send(Kind.READY, {"services": self.services, "capabilities": caps, "capacity": self.capacity,
-                                "inflight": self.held_ids()})
+                                "inflight": self.held()})
         self.registered = True
         self.last_heard = time.monotonic()  # the broker's silence is counted from now (a child may start slowly)
 
@@ -149,9 +155,14 @@ class WorkerSupervisor:
             log.warning("unreadable message from broker: %s", exc)
             return
         if message.kind == Kind.JOBS:
-            for item in protocol.items_of(message, ("id",)):
-                self.waiting.append((item["id"], protocol.payload_of(message, item), item.get("time_limit"),
-                                     item.get("service", self.services[0])))
+            try:
+                items = protocol.items_of(message, ("id", "lease", "attempt"))
+                jobs = [(item["id"], protocol.payload_of(message, item), item.get("time_limit"),
+                         item.get("service", self.services[0]), item["lease"], item["attempt"]) for item in items]
+            except ProtocolError as exc:
+                log.warning("unusable jobs message from broker: %s", exc)
+                return
+            self.waiting.extend(jobs)
         elif message.kind == Kind.REREGISTER:
             if self.child is not None and self.child.ready:
                 self._register()
@@ -169,7 +180,7 @@ class WorkerSupervisor:
         if child.jobs:
             head = child.jobs.popleft()
             if reason is not None:
-                self.failed.append((head[0], reason))
+                self.failed.append((head[0], head[4], head[5], reason))
             else:
                 child.jobs.appendleft(head)
             self.waiting.extendleft(reversed(child.jobs))
@@ -193,10 +204,13 @@ class WorkerSupervisor:
                 raise WorkerExit(message[1])
             elif message[0] == "result":
                 _, jid, recycle, body = message
-                if child.jobs and child.jobs[0][0] == jid:
-                    child.jobs.popleft()
-                    child.head_started = time.monotonic()
-                self.done.append((jid, body))
+                job = next((j for j in child.jobs if j[0] == jid), None)
+                if job is None:
+                    log.warning("the child reported job %s, which it was not given; ignored", str(jid)[:12])
+                    continue
+                child.jobs.remove(job)
+                child.head_started = time.monotonic()
+                self.done.append((jid, job[4], job[5], body))
                 if recycle:
                     log.warning("child asked to be recycled after job %s", jid[:12])
                     self._recycle(None)
@@ -228,11 +242,13 @@ class WorkerSupervisor:
     def _report(self) -> None:
         if self.done:
             payloads = []
-            items = [protocol.attach({"id": jid}, body, payloads) for jid, body in self.done]
+            items = [protocol.attach({"id": jid, "lease": lease, "attempt": attempt}, body, payloads)
+                     for jid, lease, attempt, body in self.done]
             self._send(Kind.DONE, {"items": items}, payloads)
             self.done = []
         if self.failed:
-            self._send(Kind.FAILED, {"items": [{"id": jid, "reason": r} for jid, r in self.failed]})
+            self._send(Kind.FAILED, {"items": [{"id": jid, "lease": lease, "attempt": attempt, "reason": r}
+                                               for jid, lease, attempt, r in self.failed]})
             self.failed = []
 
     # ------------------------------------------------------------------ loop

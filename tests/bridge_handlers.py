@@ -44,6 +44,28 @@ def counted(job: dict) -> dict:
     return {"status": "correct", "tag": job.get("tag"), "pid": os.getpid()}
 
 
+def gated(job: dict) -> dict:
+    """Marks its start, then waits until the test creates job["release_file"]: a job held in flight
+    for exactly as long as a test needs (no sleep to tune for a loaded machine).
+
+    job: {"start_file": path, "release_file": path, "counter_file": path (optional), "tag": str}
+    """
+    with open(job["start_file"], "a") as f:
+        f.write(f"{job.get('tag')} {os.getpid()} {time.time()}\n")
+    deadline = time.monotonic() + float(job.get("max_wait_s", 300.0))
+    while not os.path.exists(job["release_file"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if job.get("counter_file"):
+        with open(job["counter_file"], "a") as f:
+            f.write(f"{job.get('tag')} {os.getpid()}\n")
+    return {"status": "incorrect", "reward": -1, "verdict": "real", "tag": job.get("tag"), "pid": os.getpid()}
+
+
+def forged(job: dict) -> dict:
+    """What a rogue worker answers for every job: a perfect score it did not earn."""
+    return {"status": "correct", "reward": 3, "verdict": "forged"}
+
+
 def hang(job: dict) -> dict:
     """An evaluation that never returns (a kernel stuck in an infinite loop)."""
     while True:

@@ -97,7 +97,7 @@ def parent_pid(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
-def raw_dealer(endpoint: str):
+def raw_dealer(endpoint: str, curve=None, identity: bytes | None = None):
     """A bare DEALER socket (and its context) to send hand-made frames to the broker."""
     import zmq
 
@@ -105,5 +105,71 @@ def raw_dealer(endpoint: str):
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 5000)
+    if identity is not None:
+        sock.setsockopt(zmq.ROUTING_ID, identity)
+    if curve is not None:
+        from bridge.security import secure_client_socket
+
+        secure_client_socket(sock, curve)
     sock.connect(endpoint)
     return context, sock
+
+
+class RawPeer:
+    """A hand-driven peer of the broker (a rogue worker or client): send any message, read the answers."""
+
+    def __init__(self, endpoint: str, curve=None, identity: bytes | None = None):
+        self.context, self.socket = raw_dealer(endpoint, curve, identity)
+        self.received = []  # every message read so far (protocol.Message)
+
+    def send(self, kind: str, fields=None, payloads=()) -> None:
+        from bridge import protocol
+
+        self.socket.send_multipart(protocol.encode(kind, fields, payloads))
+
+    def _read(self, timeout_s: float) -> None:
+        import zmq
+
+        from bridge import protocol
+
+        if self.socket.poll(int(timeout_s * 1000), zmq.POLLIN):
+            self.received.append(protocol.decode(self.socket.recv_multipart(), 1 << 30))
+
+    def wait_for(self, kind: str, timeout: float = 20.0, heartbeat: bool = False, start: int = 0, unless=None):
+        """The first message of ``kind`` received from index ``start`` on, reading (and, if asked,
+        heartbeating like a worker) until it comes; None as soon as ``unless()`` is true."""
+        from bridge.protocol import Kind
+
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [m for m in self.received[start:] if m.kind == kind]
+            if found:
+                return found[0]
+            if unless is not None and unless():
+                return None
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for a {kind!r} message "
+                                     f"(got {[m.kind for m in self.received[start:]]})")
+            if heartbeat:
+                self.send(Kind.HEARTBEAT)
+            self._read(0.05)
+
+    def heartbeat_until(self, predicate, timeout: float = 30.0, what: str = "condition"):
+        """Keep this peer alive as a worker (heartbeats every 50 ms) until ``predicate()`` is true."""
+        from bridge.protocol import Kind
+
+        deadline = time.monotonic() + timeout
+        next_check = 0.0
+        while time.monotonic() < deadline:
+            self.send(Kind.HEARTBEAT)
+            self._read(0.05)
+            if time.monotonic() >= next_check:
+                value = predicate()
+                if value:
+                    return value
+                next_check = time.monotonic() + 0.2
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+    def close(self) -> None:
+        self.socket.close(0)
+        self.context.term()

@@ -86,7 +86,7 @@ def test_user_errors_are_one_line_and_nonzero(tmp_path):
         (["worker", "--service", "train"], "no default handler for service 'train'"),
         (["submit", str(tmp_path / "missing.py"), str(tmp_path)], "task file not found"),
         (["submit", str(Path(REPO_ROOT) / "examples/tasks/row_softmax.py"), str(tmp_path / "nope")], "no such file"),
-        (["broker", "--curve", str(tmp_path / "nokeys")], "lacks broker.key_secret"),
+        (["broker", "--curve", str(tmp_path / "nokeys")], "lacks broker.key_secret, authorized/clients"),
         (["submit", __file__, __file__, "--curve", str(tmp_path)], "CURVE key file not found"),
     ]
     for args, fragment in cases:
@@ -113,7 +113,11 @@ def test_broker_on_a_taken_port_fails_with_one_line(tmp_path):
 def test_keys_generate_command(tmp_path):
     out = CliRunner().invoke(_app(), ["keys", "generate", str(tmp_path / "k")])
     assert out.exit_code == 0
-    assert (tmp_path / "k" / "broker.key_secret").is_file() and (tmp_path / "k" / "authorized" / "worker.key").is_file()
+    assert (tmp_path / "k" / "broker.key_secret").is_file()
+    assert (tmp_path / "k" / "authorized" / "workers" / "worker.key").is_file()
+    assert (tmp_path / "k" / "authorized" / "clients" / "client.key").is_file()
+    both = CliRunner().invoke(_app(), ["keys", "generate", str(tmp_path / "k2"), "--client", "x", "--worker", "x"])
+    assert both.exit_code != 0 and "both a client and a worker" in both.output
 
 
 def test_worker_slots_and_default_handlers():

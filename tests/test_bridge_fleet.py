@@ -12,12 +12,14 @@ import zmq
 
 from bridge import protocol
 from bridge.client import BridgeClient
-from bridge.protocol import Kind
+from bridge.protocol import PROTOCOL_VERSION as V, Kind
 from bridge.settings import FAST_TEST_SETTINGS
 from tests.bridge_procs import (free_tcp_endpoint, raw_dealer, read_lines, start_broker, start_worker, stop,
                                 wait_for, wait_for_workers)
 
-SMALL_LIMIT = dataclasses.replace(FAST_TEST_SETTINGS, max_message_bytes=100_000, max_queue=5)
+# "nobody" and "idle" are configured services that no worker serves (their jobs wait in the queue).
+SMALL_LIMIT = dataclasses.replace(FAST_TEST_SETTINGS, max_message_bytes=100_000, max_queue=5,
+                                  services=("evaluate", "compile", "nobody", "idle"))
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +95,11 @@ def test_salted_resubmission_is_evaluated_again(fleet):
     "frames, fragment",
     [
         ([b"\xc1\xc1 not msgpack"], "not valid msgpack"),
-        ([msgpack.packb({"v": 2, "kind": Kind.SUBMIT})], "protocol version 2"),
-        ([msgpack.packb({"v": 1, "kind": Kind.SUBMIT, "items": []}), b"x" * 200_000], "exceeds the limit"),
-        ([msgpack.packb({"v": 1, "kind": "reboot"})], "unknown message kind"),
-        ([msgpack.packb({"v": 1, "kind": Kind.SUBMIT, "items": [{"id": "a"}]})], "must be a map with id, service"),
-        ([msgpack.packb({"v": 1, "kind": Kind.SUBMIT, "items": [{"id": "a", "service": "s", "frame": 5}]})],
+        ([msgpack.packb({"v": 1, "kind": Kind.SUBMIT})], "protocol version 1"),  # before leases: refused
+        ([msgpack.packb({"v": V, "kind": Kind.SUBMIT, "items": []}), b"x" * 200_000], "exceeds the limit"),
+        ([msgpack.packb({"v": V, "kind": "reboot"})], "unknown message kind"),
+        ([msgpack.packb({"v": V, "kind": Kind.SUBMIT, "items": [{"id": "a"}]})], "must be a map with id, service"),
+        ([msgpack.packb({"v": V, "kind": Kind.SUBMIT, "items": [{"id": "a", "service": "square", "frame": 5}]})],
          "missing payload"),
     ],
 )
@@ -160,7 +162,7 @@ def test_full_queue_answers_busy_and_client_retries_until_a_worker_frees_it(flee
 def test_per_job_timeout_gives_infra_error_and_ipc_transport_works(fleet):
     with BridgeClient(fleet["ipc"], settings=SMALL_LIMIT) as client:
         start = time.monotonic()
-        timed_out = client.run_batch("no-such-service", [{"x": 1}], timeout=0.3)[0]
+        timed_out = client.run_batch("idle", [{"x": 1}], timeout=0.3)[0]  # configured, but no worker serves it
         elapsed = time.monotonic() - start
         ok = client.run_batch("square", [{"x": 12}], timeout=10)[0]
     assert timed_out["status"] == "infra_error", timed_out
