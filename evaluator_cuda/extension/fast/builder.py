@@ -29,6 +29,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from cuda_agent.jail import Bind
+
+from ...isolation.integrity import digest_path, intact, seal
 from ..diagnostics import parse_compiler_output
 from ..flags import CXX_FLAGS, NVCC_FLAGS  # the torch build's flags
 from ..sources import HEADER_SUFFIXES, select_sources  # one rule for both build paths
@@ -195,14 +198,17 @@ class _Cache:
         return self.root / "lib" / key
 
     def publish(self, staged: Path, final: Path) -> None:
+        """The file and, first, its digest (integrity.py): a reader never finds the file unsealed."""
         final.parent.mkdir(parents=True, exist_ok=True)
+        seal(staged)
+        os.replace(digest_path(staged), digest_path(final))
         os.replace(staged, final)  # atomic; a concurrent identical build writes identical bytes
 
     def write_json(self, final: Path, data: dict) -> None:
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(data))
-        os.replace(tmp, final)
+        self.publish(tmp, final)
 
 
 def default_cache_dir() -> Path:
@@ -230,11 +236,21 @@ def _limit_compiler(pid: int) -> None:
         pass  # already exited, or limits not allowed here: the timeout still applies
 
 
-def _run(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
-    """Run a compiler in its own process group with memory/file limits; the whole group dies on timeout."""
+def _run(cmd: list[str], cwd: Path, timeout: float, jail: dict | None = None) -> tuple[int, str]:
+    """Run a compiler in its own process group with memory/file limits; the whole group dies on timeout.
+
+    `jail` (sandbox.child_guard()["jail"], enabled): the compiler runs on a candidate's sources, so
+    it runs in the jail, seeing only `cwd` (its staging folder, writable) besides the system."""
+    env = None
+    if jail and jail.get("enabled"):
+        from ...isolation.sandbox import jailed_command
+
+        cmd, env = jailed_command(jail, cmd, (Bind(str(cwd), writable=True),), str(cwd), COMPILER_MEMORY_BYTES,
+                                  COMPILER_FILE_BYTES)
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    _limit_compiler(proc.pid)
+                            start_new_session=True, env=env)
+    if env is None:  # the jail sets its own limits
+        _limit_compiler(proc.pid)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -247,6 +263,29 @@ def _run(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def _hand_over(stage: Path, uid: int) -> None:
+    """The staging folder to the jailed compiler's uid (it writes its objects there)."""
+    for path in [stage, *stage.rglob("*")]:
+        os.chown(path, uid, uid, follow_symlinks=False)
+
+
+def _stage_copy(source: Path, target: Path) -> str:
+    target.parent.mkdir(exist_ok=True)
+    shutil.copyfile(source, target)
+    return str(target)
+
+
+def _stage_pch(header: Path, stage: Path) -> Path:
+    """The precompiled header (and its .gch) copied into the staging folder, read by the jailed compiler."""
+    folder = stage / "pch"
+    if not (folder / header.name).exists():
+        folder.mkdir(exist_ok=True)
+        for path in (header, header.with_name(header.name + ".gch")):
+            if path.exists():
+                shutil.copyfile(path, folder / path.name)
+    return folder / header.name
+
+
 def build_fast(
     solution: Path | str | dict[str, bytes],
     backend: str = "cuda",
@@ -256,12 +295,15 @@ def build_fast(
     timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
     use_pch: bool = True,
     lookup_only: bool = False,
+    jail: dict | None = None,
 ) -> FastBuildResult | None:
     """Build a workspace solution (a folder, or {relpath: bytes}) into a fast-path cuda_extension library.
 
     use_pch: force-include the precompiled slim headers into bindings (built on first use, then shared).
     lookup_only: return the cached library if there is one, else None without compiling anything (lets a
     caller answer cache hits in-process and send misses to a sandboxed build child).
+    jail: sandbox.child_guard()["jail"]: compile and link the candidate's units in the jail (the staging
+    folder is all they see of the cache: the precompiled header and cached objects are copied in).
     """
     begin = time.perf_counter()
     files = solution if isinstance(solution, dict) else read_solution(Path(solution))
@@ -291,7 +333,7 @@ def build_fast(
     libs = link_libraries(toolchain, backend, sources)
     key = digest_of(*common, arch, " ".join(libs), *[unit_keys[u.rel] for u in units])
     library = cache.library_dir(key) / SO_NAME
-    if library.exists():
+    if library.exists() and intact(library):
         return FastBuildResult(True, str(library), [], time.perf_counter() - begin, True, key=key,
                                units=[{"file": u.rel, "seconds": 0.0, "cache_hit": True} for u in units])
     if lookup_only:
@@ -300,34 +342,42 @@ def build_fast(
     stage_root = cache.root / "stage"
     stage_root.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f"{key[:12]}-", dir=stage_root))
+    jailed = bool(jail and jail.get("enabled"))
     try:
         for rel, data in sources.items():
             (stage / rel).parent.mkdir(parents=True, exist_ok=True)
             (stage / rel).write_bytes(data)
         (stage / "harness").mkdir()
         shutil.copy(HARNESS_SOURCE, stage / "harness" / HARNESS_SOURCE.name)
+        (stage / "obj").mkdir()
+        staged_pch: list = [None]
+        if jailed and use_pch and any(u.role in ("binding", "harness") for u in units):
+            header = ensure_precompiled_header(cache.root, flags["cxx"], toolchain, timeout_s)  # harness input only
+            staged_pch[0] = _stage_pch(header, stage) if header else None
+        if jailed:
+            _hand_over(stage, jail["uid"])
 
         def compile_unit(unit: CompileUnit) -> dict:
             ukey = unit_keys[unit.rel]
             obj, failure = cache.object_path(ukey), cache.failure_path(ukey)
-            if obj.exists():
+            if obj.exists() and intact(obj):
                 return {"file": unit.rel, "seconds": 0.0, "cache_hit": True, "object": str(obj)}
-            if failure.exists():
+            if failure.exists() and intact(failure):
                 record = json.loads(failure.read_text())
                 return {"file": unit.rel, "seconds": 0.0, "cache_hit": True, "error": record["log"]}
             src = stage / ("harness/" + HARNESS_SOURCE.name if unit.role == "harness" else unit.rel)
             tmp_obj = stage / "obj" / f"{ukey}.o"
-            tmp_obj.parent.mkdir(exist_ok=True)
             exe = toolchain.nvcc if unit.compiler == "nvcc" else toolchain.cxx
             extra = []
             if unit.role in ("binding", "harness") and use_pch:
-                header = ensure_precompiled_header(cache.root, flags["cxx"], toolchain, timeout_s)
+                header = staged_pch[0] if jailed else ensure_precompiled_header(cache.root, flags["cxx"], toolchain,
+                                                                                 timeout_s)
                 extra = ["-include", str(header), "-Winvalid-pch"] if header else []
             cmd = [exe, *flags[unit.compiler], *extra, "-c", str(src), "-o", str(tmp_obj)]
             t0 = time.perf_counter()
-            code, text = _run(cmd, stage, timeout_s)
+            code, text = _run(cmd, stage, timeout_s, jail)  # the harness unit too: it shares the staging folder
             seconds = time.perf_counter() - t0
-            if code != 0 or not tmp_obj.exists():
+            if code != 0 or not tmp_obj.exists() or tmp_obj.is_symlink():
                 log = _clean_log(text, stage).replace("harness/" + HARNESS_SOURCE.name, HARNESS_REL)
                 if code != 124:  # a timeout may be the machine's fault: do not cache it
                     cache.write_json(failure, {"log": log})
@@ -346,10 +396,13 @@ def build_fast(
         version_script = stage / "exports.map"
         version_script.write_text("{ global: " + "; ".join(EXPORTED_SYMBOLS) + "; local: *; };\n")
         tmp_so = stage / SO_NAME
-        cmd = [toolchain.cxx, "-shared", "-o", str(tmp_so), *[o["object"] for o in outcomes],
+        objects = [o["object"] for o in outcomes]
+        if jailed:  # the link sees its own copies of the objects, never the cache
+            objects = [_stage_copy(Path(o), stage / "link" / f"{i}.o") for i, o in enumerate(objects)]
+        cmd = [toolchain.cxx, "-shared", "-o", str(tmp_so), *objects,
                f"-Wl,--version-script={version_script}", "-Wl,--no-undefined", *libs, "-ldl"]
         t0 = time.perf_counter()
-        code, text = _run(cmd, stage, timeout_s)
+        code, text = _run(cmd, stage, timeout_s, jail)
         report.append({"file": "<link>", "seconds": time.perf_counter() - t0, "cache_hit": False})
         if code != 0 or not tmp_so.exists():
             log = _clean_log(text, stage)
@@ -357,6 +410,9 @@ def build_fast(
             diagnostics = parse_compiler_output(log)
             return FastBuildResult(False, None, diagnostics, time.perf_counter() - begin, False,
                                    fallback_reason=reason, key=key, log=log, units=report)
+        if tmp_so.is_symlink() or not tmp_so.is_file():
+            return FastBuildResult(False, None, [{"file": None, "line": None, "message": "the link wrote no library"}],
+                                   time.perf_counter() - begin, False, key=key, units=report)
         cache.publish(tmp_so, library)
         return FastBuildResult(True, str(library), [], time.perf_counter() - begin, False, key=key, units=report)
     finally:
