@@ -97,19 +97,20 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
     finally:
         if slot is not None:
             _release(slot)
-        _diagnostics_for_agent(record, solution)
+        _diagnostics_for_agent(record, solution, settings)
         record["wall_s"]["total"] = round(time.perf_counter() - begin, 4)
     return record
 
 
-def _diagnostics_for_agent(record: dict, solution: Solution) -> None:
+def _diagnostics_for_agent(record: dict, solution: Solution, settings: EvalSettings) -> None:
     """Diagnostics name only workspace files and carry no text of others (an `#include` of an
     outside file); a compile error's message is its first shown diagnostic."""
     from cuda_agent.workspace import HARNESS_FILES
 
     if not record.get("diagnostics"):
         return
-    shown = shown_to_agent(record["diagnostics"], [*solution.files, *HARNESS_FILES, "binding.cpp"])
+    own = ("/tmp/torch_extensions/", str(settings.cache_path() / "torch_extensions") + "/")  # load_inline's sources
+    shown = shown_to_agent(record["diagnostics"], [*solution.files, *HARNESS_FILES, "binding.cpp"], own)
     if record["status"] == "compile_error" and shown != record["diagnostics"] and shown:
         record["message"] = shown[0]["message"]
     record["diagnostics"] = shown

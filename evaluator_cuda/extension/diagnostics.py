@@ -63,16 +63,22 @@ SHOWN_DIAGNOSTICS = 50
 OUTSIDE = "an error in a file outside the workspace (its name and text are not shown)"
 
 
-def shown_to_agent(diagnostics: list[dict], workspace_files) -> list[dict]:
+def shown_to_agent(diagnostics: list[dict], workspace_files, own_roots: tuple[str, ...] = ()) -> list[dict]:
     """Diagnostics as the agent may see them: a file is named only when it is one of the
     workspace's (or a harness placeholder such as `<slim-torch>/...`); an error located in any
     other file (an `#include "/abs/path"`, a system header) says so without its name or text,
-    since its message can quote that file. Messages and the list are bounded."""
+    since its message can quote that file. A file under one of `own_roots` (where a KernelBench
+    file's load_inline writes its own sources) is shown relative to it. Messages and the list are
+    bounded."""
     known = set(workspace_files)
     shown: list[dict] = []
     for item in diagnostics[:SHOWN_DIAGNOSTICS]:
         file = item.get("file")
         message = str(item.get("message") or "")
+        root = next((r for r in own_roots if file is not None and str(file).startswith(r)), None)
+        if root is not None:
+            file = str(file)[len(root):]
+            known.add(file)
         if file is not None and not (file in known or str(file).startswith("<")):
             if shown and shown[-1]["message"] == OUTSIDE:
                 continue

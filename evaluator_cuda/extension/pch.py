@@ -105,6 +105,7 @@ def make_pch(ninja_file: Path, settings: EvalSettings) -> bool:
         lock.close()
         return False
     staging = Path(tempfile.mkdtemp(prefix="pch-", dir=settings.cache_path()))
+    staging.chmod(0o755)  # a jailed build child (another uid) reads the header through a read-only bind
     try:
         shutil.copy(TEMPLATES / "binding_registry.h", staging / "binding_registry.h")
         command = cxx + cflags + ["-x", "c++-header", str(staging / "binding_registry.h"), "-o",

@@ -146,6 +146,8 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
             binds = (Bind(str(work), writable=True),) + ((Bind(str(pch.parent)),) if pch else ())
             if guard["jail"]["enabled"]:
                 _hand_over(work, guard["jail"]["uid"])
+                if pch:  # made in a private temporary folder: readable by the jail's uid from now on
+                    pch.parent.chmod(0o755)
             with Child("build", work, env=build_env(settings), guard=guard, binds=binds) as child:
                 reply = child.request(request, timeout=settings.compile_timeout_s)
         except ChildFailed as exc:
