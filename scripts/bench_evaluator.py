@@ -22,8 +22,10 @@ import sys
 from evaluator_bench import common
 
 SUBCOMMANDS = {  # name: (module, one line for the list)
-    "examples": ("examples", "per example on a GPU: build cold/cached, two evaluations, ours/eager/compile vs do_bench"),
-    "speed": ("speed", "sized cases, workspace vs load_inline: compile, evaluation wall time, spread, do_bench agreement"),
+    "examples": ("examples", "per example on a GPU: build cold/cached, two evaluations, ours/eager/compile "
+                             "vs do_bench"),
+    "speed": ("speed", "sized cases, workspace vs load_inline: compile, evaluation wall time, spread, "
+                       "do_bench agreement"),
     "compile": ("compile", "one candidate's compile time: load_inline, load and the fast build side by side"),
 }
 

@@ -1,4 +1,4 @@
-"""What `compile` checks after timing: the built extensions' outputs, their call overhead, and each example built fast."""
+"""What `compile` checks after timing: the built extensions' outputs, their call overhead, each example built fast."""
 
 from __future__ import annotations
 

@@ -43,7 +43,8 @@ extern "C" void axpby_launcher(const float* x, const float* y, float* out, float
 """
 HOST_BINDING = CUDA_BINDING.replace("#include <ATen/cuda/CUDAContext.h>\n", "").replace(
     "cudaStream_t stream", "void* stream").replace("at::cuda::getCurrentCUDAStream()", "nullptr").replace(
-    "x.is_cuda() && y.is_cuda(), \"axpby: CUDA tensors expected\"", "x.is_cpu() && y.is_cpu(), \"axpby: CPU tensors expected\"")
+    "x.is_cuda() && y.is_cuda(), \"axpby: CUDA tensors expected\"",
+    "x.is_cpu() && y.is_cpu(), \"axpby: CPU tensors expected\"")
 # KernelBench style: one .cu with torch headers, the kernel and the wrapper; load_inline writes the pybind module.
 KERNELBENCH_CUDA = r"""
 #include <torch/extension.h>
@@ -75,8 +76,10 @@ def candidate_files(backend: str, nonce: str = "") -> dict[str, bytes]:
     """The one-kernel workspace (kernels/ only); a nonce comment makes every byte sequence new (a cold build)."""
     tag = f"\n// {nonce}\n" if nonce else ""
     if backend == "cuda":
-        return {"kernels/axpby.cu": (CUDA_KERNEL + tag).encode(), "kernels/axpby_binding.cpp": (CUDA_BINDING + tag).encode()}
-    return {"kernels/axpby.cpp": (HOST_KERNEL + tag).encode(), "kernels/axpby_binding.cpp": (HOST_BINDING + tag).encode()}
+        files = {"kernels/axpby.cu": CUDA_KERNEL, "kernels/axpby_binding.cpp": CUDA_BINDING}
+    else:
+        files = {"kernels/axpby.cpp": HOST_KERNEL, "kernels/axpby_binding.cpp": HOST_BINDING}
+    return {rel: (text + tag).encode() for rel, text in files.items()}
 
 
 def write_tree(root: Path, files: dict[str, bytes]) -> Path:

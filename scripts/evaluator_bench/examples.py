@@ -31,10 +31,12 @@ CUDA_SOLUTIONS = SOLUTIONS / "cuda"
 
 def add_arguments(parser) -> None:
     parser.add_argument("--only", nargs="*", default=None)
-    parser.add_argument("--with-pytest", action="store_true", help="also run pytest -m cuda on tests/test_evaluator_*.py")
+    parser.add_argument("--with-pytest", action="store_true",
+                        help="also run pytest -m cuda on tests/test_evaluator_*.py")
     parser.add_argument("--fast-build", action="store_true",
                         help="build through evaluator_cuda.extension.fast first (settings.fast_build)")
-    parser.add_argument("--budget-s", type=float, default=420.0, help="skip remaining do_bench runs past this many seconds")
+    parser.add_argument("--budget-s", type=float, default=420.0,
+                        help="skip remaining do_bench runs past this many seconds")
 
 
 def main(args) -> int:

@@ -54,9 +54,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--backend", choices=["cuda", "host"], default=None, help="default: cuda when a GPU is visible")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes (softmax_small, softmax_4x); implied on the host backend")
-    parser.add_argument("--cases", nargs="*", default=None, help="case names (default: the H200 cases, or the quick ones)")
+    parser.add_argument("--cases", nargs="*", default=None,
+                        help="case names (default: the H200 cases, or the quick ones)")
     parser.add_argument("--evals", type=int, default=5, help="evaluations with cached baselines per case and form")
-    parser.add_argument("--budget-s", type=float, default=480.0, help="skip what is left (with a note) past this many seconds")
+    parser.add_argument("--budget-s", type=float, default=480.0,
+                        help="skip what is left (with a note) past this many seconds")
     parser.add_argument("--dry-run", action="store_true", help="check sources and builds only (no device needed)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (tasks, generated files, caches)")
 
@@ -130,7 +132,8 @@ def run(args, cases: list[Case], settings, work: Path, clock: BudgetClock) -> in
     results = {"backend": backend, "device": device, "torch": torch.__version__, "cpus": os.cpu_count(),
                "budget_s": args.budget_s, "settings": settings.to_dict(),
                "cases": [dataclasses.asdict(c) for c in cases], "compile": [], "evaluations": [], "notes": []}
-    clock.say(f"backend {backend} ({device}), cases {[c.name for c in cases]}, budget {args.budget_s:.0f} s, work {work}")
+    clock.say(f"backend {backend} ({device}), cases {[c.name for c in cases]}, budget {args.budget_s:.0f} s, "
+              f"work {work}")
     stems = list(dict.fromkeys(c.stem for c in cases))
     kb_paths = {stem: write_kernelbench(stem, backend, work / "kernelbench") for stem in stems}
     built = compile_all(clock, stems, kb_paths, settings, results["compile"])
@@ -150,8 +153,9 @@ def compile_all(clock: Clock, stems: list[str], kb_paths: dict, settings, rows: 
         row = compile_workspace(stem, settings.backend, settings, empty_cache=index == 0)
         built[stem, "workspace"] = row.get("so_path")
         rows.append(row)
-        clock.say(f"compile {stem} workspace: {row.get('status')} empty cache {fmt(row.get('cold_empty_cache_s'), 2)} s, "
-                  f"candidate-cold {fmt(row.get('cold_s'), 2)} s, cached {fmt(row.get('cached_s'), 4)} s, new process "
+        clock.say(f"compile {stem} workspace: {row.get('status')} empty cache "
+                  f"{fmt(row.get('cold_empty_cache_s'), 2)} s, candidate-cold {fmt(row.get('cold_s'), 2)} s, "
+                  f"cached {fmt(row.get('cached_s'), 4)} s, new process "
                   f"{fmt(row.get('cached_new_process_s'), 3)} s {row.get('error', '')}")
         row = compile_kernelbench(stem, kb_paths[stem])
         built[stem, "kernelbench"] = row["status"] == "built"
@@ -173,7 +177,8 @@ def run_case(args, clock: BudgetClock, case: Case, kb_paths: dict, built: dict, 
     clock.say(f"case {case.name}: {case.constants}, {sizes['input_bytes'] / 1e6:.0f} MB in + "
               f"{sizes['output_bytes'] / 1e6:.0f} MB out, bandwidth bound {sizes['sol_us']:.1f} µs")
     notes = results["notes"]
-    for form, solution_path in (("workspace", SOLUTIONS / settings.backend / case.stem), ("kernelbench", kb_paths[case.stem])):
+    forms = (("workspace", SOLUTIONS / settings.backend / case.stem), ("kernelbench", kb_paths[case.stem]))
+    for form, solution_path in forms:
         if clock.remaining() <= 0:
             skipped = f"skipped, the {args.budget_s:.0f} s budget is spent"
             notes.append(f"{case.name} {form}: {skipped}")
@@ -181,11 +186,12 @@ def run_case(args, clock: BudgetClock, case: Case, kb_paths: dict, built: dict, 
             results["evaluations"].append({"case": case.name, "format": form, "skipped": skipped})
             continue
         if not built.get((case.stem, form)):
-            results["evaluations"].append({"case": case.name, "format": form, "skipped": f"the {form} form did not build",
-                                           "error": "build"})
+            results["evaluations"].append({"case": case.name, "format": form,
+                                           "skipped": f"the {form} form did not build", "error": "build"})
             continue
         io_bytes = sizes["input_bytes"] + sizes["output_bytes"]
-        row = evaluate_form(clock, case, form, task, read_solution(solution_path), settings, args.evals, io_bytes, notes)
+        solution = read_solution(solution_path)
+        row = evaluate_form(clock, case, form, task, solution, settings, args.evals, io_bytes, notes)
         row["sizes"] = sizes
         if (row.get("first") or {}).get("status") and results["device"].startswith("cuda ("):
             results["device"] = row["first"].get("device") or results["device"]
@@ -299,7 +305,8 @@ def summarize_record(record: dict) -> dict:
         "total_s": wall.get("total"), "children_warm_s": record.get("children_warm_s"),
         "ours_us": candidate.get("median_us"), "ours_wall_us": candidate.get("wall_median_us"),
         "ours_p25_us": candidate.get("p25_us"), "ours_p75_us": candidate.get("p75_us"),
-        "eager_us": (times.get("eager") or {}).get("median_us"), "compile_us": (times.get("compile") or {}).get("median_us"),
+        "eager_us": (times.get("eager") or {}).get("median_us"),
+        "compile_us": (times.get("compile") or {}).get("median_us"),
         "sol_bound_us": record.get("sol_bound_us"), "sol_violation": record.get("sol_violation"),
         "checked_calls": record.get("checked_calls"), "fresh_inputs_per_call": record.get("fresh_inputs_per_call"),
         "device": record.get("device"),

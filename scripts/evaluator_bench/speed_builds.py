@@ -24,7 +24,7 @@ def compile_workspace(stem: str, backend: str, settings, empty_cache: bool) -> d
         if result.status != "built":
             row["error"] = "; ".join(d["message"] for d in result.diagnostics[:3])[:500]
             return row
-        tag = f"\n// bench_evaluator speed {uuid.uuid4().hex}\n".encode()  # new bytes: a new candidate, shared parts warm
+        tag = f"\n// bench_evaluator speed {uuid.uuid4().hex}\n".encode()  # new bytes: a new candidate
         fresh = {rel: data + tag if rel.startswith("kernels/") else data for rel, data in files.items()}
     else:
         fresh = files  # not built in this cache yet: its first build is a candidate-cold build
@@ -36,7 +36,8 @@ def compile_workspace(stem: str, backend: str, settings, empty_cache: bool) -> d
     seconds, result = timed(lambda: build_workspace(files, settings))
     row.update(cached_s=seconds, cached_hit=result.cache_hit, so_path=result.so_path)
     try:
-        row["cached_new_process_s"] = fresh_process_cached_build(folder, backend, settings.cache_path() / "fastbuild", settings.arch_list)
+        fast_cache = settings.cache_path() / "fastbuild"
+        row["cached_new_process_s"] = fresh_process_cached_build(folder, backend, fast_cache, settings.arch_list)
     except Exception as exc:  # not a fast-build hit (torch build fallback) or the child failed: report, go on
         row["cached_new_process_error"] = f"{type(exc).__name__}: {exc}"[:300]
     return row

@@ -97,6 +97,7 @@ def task_sizes(task_path: Path) -> dict:
     tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
     in_bytes = sum(t.numel() * t.element_size() for t in tensors)
     out_bytes = output.numel() * output.element_size()
-    return {"input_shapes": [list(t.shape) for t in tensors], "output_shape": list(output.shape), "input_bytes": in_bytes,
+    return {"input_shapes": [list(t.shape) for t in tensors], "output_shape": list(output.shape),
+            "input_bytes": in_bytes,
             "output_bytes": out_bytes, "sol_us": (in_bytes + out_bytes) / H200_PEAK_BANDWIDTH * 1e6}
 

@@ -44,13 +44,15 @@ def check_stem(stem: str, backend: str, settings, work: Path, empty_cache: bool)
 
     kb_path = write_kernelbench(stem, backend, work / "kernelbench")
     kb = read_solution(kb_path)
-    findings = check_solution_sources(kb.files) + check_solution_sources(read_solution(SOLUTIONS / backend / stem).files)
+    workspace = read_solution(SOLUTIONS / backend / stem)
+    findings = check_solution_sources(kb.files) + check_solution_sources(workspace.files)
     ok = kb.format == "kernelbench" and not findings
     print(f"  {stem}: kernelbench file {kb_path} format {kb.format}, static checks "
           f"{'clean (workspace and file)' if not findings else [f.message for f in findings]}", flush=True)
     row = compile_workspace(stem, backend, settings, empty_cache=empty_cache)
     ok &= row.get("status") == "built"
-    print(f"  {stem}: workspace fast build ({backend}, arch {settings.arch_list}): {row.get('status')} cold(empty cache) "
+    print(f"  {stem}: workspace fast build ({backend}, arch {settings.arch_list}): {row.get('status')} "
+          "cold(empty cache) "
           f"{fmt(row.get('cold_empty_cache_s'), 1)} s, candidate-cold {fmt(row.get('cold_s'), 2)} s, cached "
           f"{fmt(row.get('cached_s'), 4)} s, new process {fmt(row.get('cached_new_process_s'), 3)} s "
           f"{row.get('error', '')}", flush=True)

@@ -75,7 +75,8 @@ def time_outside(spec: dict, spec_path: Path, timeout: float, env: dict | None =
     out_path = spec_path.with_name(spec_path.stem + ".out.json")
     command = [sys.executable, str(SCRIPT), "time-child", str(spec_path), str(out_path)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if done.returncode != 0:
