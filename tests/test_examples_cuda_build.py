@@ -3,7 +3,7 @@
 Every kernels/*.cu is compiled for sm_90 with the evaluator's nvcc flags; the slow test also
 compiles every CUDA binding against the installed torch headers (syntax only). A CPU-only torch
 lacks one generated CUDA header (c10/cuda/impl/cuda_cmake_macros.h); a one-line stand-in is put
-on the include path for that check only. Running the kernels is scripts/bench_evaluator_gpu.py's job.
+on the include path for that check only. Running the kernels is `scripts/bench_evaluator.py examples`' job.
 """
 
 from __future__ import annotations
