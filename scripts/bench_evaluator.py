@@ -11,7 +11,8 @@
              (load_inline, load, the evaluator's fast build), the fast path's details, outputs compared.
 
 Each prints progress lines with elapsed seconds and a table at the end, and writes
-$OUT/bench_evaluator_<subcommand>.json when OUT is set. `bench_evaluator.py SUBCOMMAND --help` for the options.
+$OUT/bench_evaluator_<subcommand>.json when OUT is set (examples --fast-build: ..._examples_fast.json; speed
+--dry-run: none). `bench_evaluator.py SUBCOMMAND --help` for the options and the exit statuses.
 """
 
 from __future__ import annotations
