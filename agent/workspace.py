@@ -21,11 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.sandbox import can_switch_uid, jail_has_view, kill_processes_of_uid
+from cuda_agent.contracts import WORKSPACE_ENTRY
+from cuda_agent.workspace import KERNELS_DIR, TASK_FILE, TEMPLATE_FILES
 
-TASK_FILE = "model.py"
-SOLUTION_MODEL_FILE = "model_new.py"
-KERNELS_DIR = "kernels"
-TEMPLATE_FILES = ("binding.cpp", "binding_registry.h", "SKILL.md")
 PROTECTED_FILES = frozenset({TASK_FILE, *TEMPLATE_FILES})
 # Files shipped to the evaluator are capped so a runaway write cannot flood the fleet.
 SOLUTION_FILE_MAX_BYTES = 1024 * 1024
@@ -191,7 +189,7 @@ class Workspace:
         files: dict[str, bytes] = {}
         total = 0
         root = self.root.resolve()
-        candidates = [root / SOLUTION_MODEL_FILE]
+        candidates = [root / WORKSPACE_ENTRY]
         kernels = root / KERNELS_DIR
         if kernels.is_dir() and not kernels.is_symlink():
             for dirpath, dirnames, filenames in os.walk(kernels, followlinks=False):
@@ -307,7 +305,7 @@ def create_workspace(
         os.chown(root, 0, uid)
         os.chmod(root, 0o1770)
         os.chown(root / KERNELS_DIR, uid, uid)
-        os.chown(root / SOLUTION_MODEL_FILE, uid, uid)
+        os.chown(root / WORKSPACE_ENTRY, uid, uid)
     return workspace
 
 
