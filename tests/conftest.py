@@ -8,6 +8,40 @@ if not os.environ.get("CUDA_AGENT_TEST_GPU"):
 
 import pytest
 
+# pytest-xdist (`-n 2 --dist loadscope`, pyproject.toml) runs "units" of tests, each whole on one worker
+# (pytest_xdist_make_scheduler below): a module is a unit, so its module fixtures (fleets, checkpoints,
+# compiled steps) are built once, except in these modules of independent, expensive tests that share
+# only on-disk caches, whose tests are units of their own and spread over the workers.
+SPREAD_MODULES = {
+    "test_evaluator_pipeline.py",
+    "test_hardening_cheats.py",
+    "test_evaluator_tolerance.py",
+    "test_examples_cuda_build.py",
+    "test_agent_tools.py",
+}
+
+
+def unit_of(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    name = module.rsplit("/", 1)[-1]
+    return nodeid if name in SPREAD_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadscope with our units (xdist's own xdist_group marks do not reach its scheduler under
+    pytest 9, which ignores the node id suffix they rely on), in collection order."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    config.option.loadscopereorder = False  # keep the order of pytest_collection_modifyitems
+    return UnitScheduling(config, log)
+
 
 def _has_cuda() -> bool:
     try:
@@ -19,9 +53,15 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    if _has_cuda():
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the device machine)")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+    if not _has_cuda():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (run on the device machine)")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
+    # Units with a slow test first, so that no long unit starts last and leaves one worker busy
+    # while the other idles; the order inside a unit stays as written.
+    slow_units = {unit_of(item.nodeid) for item in items if "slow" in item.keywords}
+    first_index = {}
+    for index, item in enumerate(items):
+        first_index.setdefault(unit_of(item.nodeid), index)
+    items.sort(key=lambda item: (unit_of(item.nodeid) not in slow_units, first_index[unit_of(item.nodeid)]))
