@@ -1,10 +1,17 @@
 import os
+from pathlib import Path
 
 # Tests that exercise sharding use 8 fake CPU devices; this must be set before JAX initialises.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 if not os.environ.get("CUDA_AGENT_TEST_GPU"):
     # JAX tests run on the CPU (8 fake devices) unless a GPU run asks otherwise.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# One evaluator cache for the whole run, persistent across runs: the tests' own builds (evaluator_helpers'
+# build_cache), the evaluator workers the tests start and everything that uses the default cache share
+# one binding runtime, one torch-build precompiled header and every content-addressed build. Set here,
+# before pytest-xdist starts its workers, so that they and every process a test starts inherit it.
+os.environ.setdefault("CUDA_AGENT_CACHE", os.environ.get("CUDA_AGENT_TEST_CACHE") or str(Path.home() / ".cache" / "cuda-agent-tests"))
 
 import pytest
 

@@ -4,9 +4,10 @@ Host-backend solutions are built through the fast path and their outputs compare
 written out here; compile errors, shim gaps (fallback), link errors and binding errors each have a planted case.
 The CUDA compile test runs without a GPU (nvcc + cudart link only); GPU execution is @pytest.mark.cuda.
 
-The binding runtime is built once per machine under the default cache (~/.cache/cuda-agent/fastbuild/runtime);
-this file's builds share a persistent cache (~/.cache/cuda-agent/fastbuild-tests, content-addressed, so a cached
-artifact is exactly what a fresh build would give). Tests that must compile cold add a nonce to their sources.
+The binding runtime is built once per machine under the default cache ($CUDA_AGENT_CACHE/fastbuild/runtime; the
+tests point $CUDA_AGENT_CACHE at ~/.cache/cuda-agent-tests, see conftest.py); this file's builds share a persistent
+cache ($CUDA_AGENT_CACHE/fastbuild-tests, content-addressed, so a cached artifact is exactly what a fresh build
+would give). Tests that must compile cold add a nonce to their sources.
 """
 
 from __future__ import annotations
