@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 # Tests that exercise sharding use 8 fake CPU devices; this must be set before JAX initialises.
@@ -12,6 +14,15 @@ if not os.environ.get("CUDA_AGENT_TEST_GPU"):
 # one binding runtime, one torch-build precompiled header and every content-addressed build. Set here,
 # before pytest-xdist starts its workers, so that they and every process a test starts inherit it.
 os.environ.setdefault("CUDA_AGENT_CACHE", os.environ.get("CUDA_AGENT_TEST_CACHE") or str(Path.home() / ".cache" / "cuda-agent-tests"))
+
+# One JAX compilation cache for the run, shared by the xdist workers and the processes tests start: a
+# program compiled once (the same tiny model's steps in several files, a CLI run and its resume) is
+# read back instead of compiled again. A fresh folder per run, removed at the end (pytest_unconfigure).
+_JAX_CACHE_MADE_HERE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _JAX_CACHE_MADE_HERE = tempfile.mkdtemp(prefix="cuda-agent-tests-jax-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE_MADE_HERE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
 
 import pytest
 
@@ -72,3 +83,8 @@ def pytest_collection_modifyitems(config, items):
     for index, item in enumerate(items):
         first_index.setdefault(unit_of(item.nodeid), index)
     items.sort(key=lambda item: (unit_of(item.nodeid) not in slow_units, first_index[unit_of(item.nodeid)]))
+
+
+def pytest_unconfigure(config):
+    if _JAX_CACHE_MADE_HERE and not hasattr(config, "workerinput"):  # the process that made it, not an xdist worker
+        shutil.rmtree(_JAX_CACHE_MADE_HERE, ignore_errors=True)
