@@ -37,11 +37,18 @@ SPREAD_MODULES = {
     "test_examples_cuda_build.py",
     "test_agent_tools.py",
 }
+# Modules that share a session fixture form one unit.
+SHARED_UNITS = {
+    "test_examples_host.py": "host_examples",
+    "test_evaluator_examples.py": "host_examples",
+}
 
 
 def unit_of(nodeid: str) -> str:
     module = nodeid.split("::", 1)[0]
     name = module.rsplit("/", 1)[-1]
+    if name in SHARED_UNITS:
+        return SHARED_UNITS[name]
     return nodeid if name in SPREAD_MODULES else module
 
 
@@ -83,6 +90,23 @@ def pytest_collection_modifyitems(config, items):
     for index, item in enumerate(items):
         first_index.setdefault(unit_of(item.nodeid), index)
     items.sort(key=lambda item: (unit_of(item.nodeid) not in slow_units, first_index[unit_of(item.nodeid)]))
+
+
+@pytest.fixture(scope="session")
+def host_examples_bench(tmp_path_factory):
+    """`cuda-agent bench examples/tasks --solutions examples/solutions --backend host`, verdicts only,
+    run once: tests/test_evaluator_examples.py checks it as the main command's result, and
+    tests/test_examples_host.py checks each example's record in it (one xdist unit: SHARED_UNITS)."""
+    pytest.importorskip("torch")
+    from rich.console import Console
+
+    from evaluator_cuda.bench.run import run_bench
+    from evaluator_cuda.settings import EvalSettings
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    settings = EvalSettings.for_backend("host", profile=False)
+    return run_bench(examples / "tasks", examples / "solutions", settings, tmp_path_factory.mktemp("bench"),
+                     console=Console(width=160, record=True))
 
 
 def pytest_unconfigure(config):
