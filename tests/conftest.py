@@ -37,7 +37,8 @@ SPREAD_MODULES = {
     "test_examples_cuda_build.py",
     "test_agent_tools.py",
 }
-# Modules that share a session fixture form one unit.
+# Modules that share a session fixture form one unit (their GPU tests, which share nothing but the
+# on-disk caches, are units of their own: on a GPU machine they are the slow ones).
 SHARED_UNITS = {
     "test_examples_host.py": "host_examples",
     "test_evaluator_examples.py": "host_examples",
@@ -47,9 +48,9 @@ SHARED_UNITS = {
 def unit_of(nodeid: str) -> str:
     module = nodeid.split("::", 1)[0]
     name = module.rsplit("/", 1)[-1]
-    if name in SHARED_UNITS:
+    if name in SHARED_UNITS and not nodeid.split("::")[-1].startswith("test_cuda_"):
         return SHARED_UNITS[name]
-    return nodeid if name in SPREAD_MODULES else module
+    return nodeid if name in SPREAD_MODULES or name in SHARED_UNITS else module
 
 
 @pytest.hookimpl(optionalhook=True)
