@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
-from cuda_agent.contracts import evaluation_job, record_reward, record_speedup
+from cuda_agent.contracts import WORKSPACE_ENTRY, evaluation_job, record_reward, record_speedup
 
 from agent.chat import IM_END, ChatRenderer, TokenTrajectory
 from agent.config import AgentConfig
@@ -29,7 +29,7 @@ from agent.toolbox import Toolbox
 from agent.tools import default_tools
 from agent.tools.base import EvaluationRecord, EvaluatorGateway, Tool, ToolContext
 from agent.tools.evaluator import evaluator_settings, submit_to_evaluator
-from agent.workspace import SOLUTION_MODEL_FILE, Workspace, WorkspaceError, create_workspace
+from agent.workspace import Workspace, WorkspaceError, create_workspace
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ async def _final_evaluations(context: ToolContext) -> list[EvaluationRecord]:
         final_files = context.workspace.solution_files()
     except WorkspaceError:
         final_files = {}
-    if SOLUTION_MODEL_FILE in final_files:
+    if WORKSPACE_ENTRY in final_files:
         snapshots.append(final_files)
     verified = [e for e in context.evaluations if is_correct(e.record)]
     if verified and (not snapshots or files_digest(verified[-1].files) != files_digest(snapshots[0])):

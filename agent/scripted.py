@@ -11,15 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.tool_calls import format_tool_call
-from agent.workspace import KERNELS_DIR, SOLUTION_MODEL_FILE
+from cuda_agent.contracts import WORKSPACE_ENTRY
+from cuda_agent.workspace import KERNELS_DIR
 
 
 def read_solution_dir(solution_dir: str | Path) -> dict[str, str]:
     """model_new.py and kernels/** of a workspace-format solution directory, as text."""
     root = Path(solution_dir)
-    if not (root / SOLUTION_MODEL_FILE).is_file():
-        raise FileNotFoundError(f"no {SOLUTION_MODEL_FILE} in solution directory {root}")
-    files = {SOLUTION_MODEL_FILE: (root / SOLUTION_MODEL_FILE).read_text()}
+    if not (root / WORKSPACE_ENTRY).is_file():
+        raise FileNotFoundError(f"no {WORKSPACE_ENTRY} in solution directory {root}")
+    files = {WORKSPACE_ENTRY: (root / WORKSPACE_ENTRY).read_text()}
     for path in sorted((root / KERNELS_DIR).rglob("*")) if (root / KERNELS_DIR).is_dir() else []:
         if path.is_file():
             files[path.relative_to(root).as_posix()] = path.read_text()
@@ -49,14 +50,14 @@ def cheating_turns(task_source: str) -> list[str]:
         + format_tool_call("Write", {"file_path": "model.py", "content": "# emptied\n"})
         + "\n"
         + format_tool_call("Bash", {"command": "chmod u+w model.py; echo '# emptied' > model.py; cat model.py | head -n 3"}),
-        "Reuse the reference's forward.\n" + format_tool_call("Write", {"file_path": SOLUTION_MODEL_FILE, "content": inherited}),
+        "Reuse the reference's forward.\n" + format_tool_call("Write", {"file_path": WORKSPACE_ENTRY, "content": inherited}),
         format_tool_call("verify", {}),
     ]
 
 
 def torch_fallback_turns(task_source: str, solution_files: dict[str, str]) -> list[str]:
     """Turn texts of a policy that builds honest kernels but never calls them (torch computes)."""
-    kernels = {path: text for path, text in solution_files.items() if path != SOLUTION_MODEL_FILE}
+    kernels = {path: text for path, text in solution_files.items() if path != WORKSPACE_ENTRY}
     model_new = task_source + "\n\nimport cuda_extension  # built, never used\n\nclass ModelNew(Model):\n    pass\n"
-    writes = "\n".join(format_tool_call("Write", {"file_path": p, "content": t}) for p, t in {**kernels, SOLUTION_MODEL_FILE: model_new}.items())
+    writes = "\n".join(format_tool_call("Write", {"file_path": p, "content": t}) for p, t in {**kernels, WORKSPACE_ENTRY: model_new}.items())
     return [writes, format_tool_call("compile", {}), format_tool_call("profile", {})]

@@ -71,7 +71,9 @@ class EvalSettings:
     # a file-system view of system folders, Python, the evaluator's code and their own folders).
     jail_children: bool = True
     require_jail: bool | None = None  # a machine that cannot build the jail: refuse (None: True as root on Linux)
-    jail_uid: int = 60100  # the jailed children's uid (never 0; RLIMIT_NPROC counts per uid)
+    # Each jailed child and each build claims its own uid in [jail_uid_base, jail_uid_base + 100000)
+    # (cuda_agent.jail.uids): RLIMIT_NPROC and file access are per uid. Agent episodes use 200000 up.
+    jail_uid_base: int = 300_000
     jail_tmp_bytes: int = 1024**3  # the jail's private /tmp (tmpfs: memory, used only as filled)
     # evaluator_cuda.extension.fast first (slim headers, ~1 s); the torch build when it cannot decide
     fast_build: bool = True

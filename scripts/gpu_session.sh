@@ -29,10 +29,10 @@ step() {  # step NAME SECONDS COMMAND...
 case "${1:-}" in
   evaluator)
     step check_hardening 200 "$PY" scripts/check_hardening_gpu.py
-    step bench_evaluator 320 "$PY" scripts/bench_evaluator_gpu.py --fast-build --budget-s 300
+    step bench_evaluator_examples 320 "$PY" scripts/bench_evaluator.py examples --fast-build --budget-s 300
     ;;
   speed)
-    step bench_eval_speed 540 "$PY" scripts/bench_eval_speed.py --budget-s 500
+    step bench_evaluator_speed 540 "$PY" scripts/bench_evaluator.py speed --budget-s 500
     ;;
   policy)
     step policy_inference 300 "$PY" scripts/bench_policy_inference.py

@@ -1,7 +1,6 @@
 """Shared fixtures of the evaluator tests: the axpy task, workspace and KernelBench-file
 candidates built from small templates, and host-backend settings."""
 
-import os
 import textwrap
 from pathlib import Path
 
@@ -93,8 +92,15 @@ class ModelNew(torch.nn.Module):
 
 
 def _build_cache() -> str:
-    """Persistent, content-hash keyed: a source compiled by an earlier test session is reused."""
-    root = Path(os.environ.get("CUDA_AGENT_TEST_CACHE", Path.home() / ".cache" / "cuda-agent-tests"))
+    """Persistent, content-hash keyed: a source compiled by an earlier test session is reused.
+
+    The evaluator's default cache ($CUDA_AGENT_CACHE, which tests/conftest.py points at
+    $CUDA_AGENT_TEST_CACHE or ~/.cache/cuda-agent-tests), so that these builds, the binding
+    runtime and the torch build's precompiled header are shared with the evaluator workers
+    and every other test that uses the default cache."""
+    from evaluator_cuda.settings import cache_root
+
+    root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     return str(root)
 

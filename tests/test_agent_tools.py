@@ -305,14 +305,14 @@ def test_bash_truncation_note_counts_bytes(context):
 def test_runaway_sleep_killed_at_timeout(context):
     start = time.monotonic()
     text, _ = call(context, "Bash", command="sleep 100", timeout=1)
-    assert time.monotonic() - start < 6
+    assert time.monotonic() - start < 10  # killed at the 1 s timeout (about 1.1 s here), far from 100 s
     assert "[killed after the 1 s timeout]" in text
 
 
 def test_fork_loop_killed_and_limited(context):
     start = time.monotonic()
     text, _ = call(context, "Bash", command="while true; do sleep 100 & done", timeout=2)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 20  # killed at the 2 s timeout (2.2 to 3.2 s seen on a busy machine)
     assert "[killed after the 2 s timeout]" in text
     # Nothing of the loop survives: no `sleep 100` whose process group was the command's.
     time.sleep(0.2)

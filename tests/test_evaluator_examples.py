@@ -49,14 +49,10 @@ def test_cuda_profiled_evaluation_has_times_and_a_reward():
 
 
 @pytest.mark.slow
-def test_main_command_on_host_examples(tmp_path):
-    """`cuda-agent bench examples/tasks --solutions examples/solutions --backend host` (verdicts only)."""
-    from rich.console import Console
-
-    from evaluator_cuda.bench.run import run_bench
-
-    settings = EvalSettings.for_backend("host", profile=False)
-    result = run_bench(EXAMPLES / "tasks", EXAMPLES / "solutions", settings, tmp_path, console=Console(width=160, record=True))
+def test_main_command_on_host_examples(host_examples_bench):
+    """`cuda-agent bench examples/tasks --solutions examples/solutions --backend host` (verdicts only;
+    run once in tests/conftest.py, whose records tests/test_examples_host.py checks one by one)."""
+    result = host_examples_bench
     assert not result.problems
     by_name = {r["candidate"]: r for r in result.records}
     stems = sorted(p.stem for p in (EXAMPLES / "tasks").glob("*.py"))

@@ -1,5 +1,5 @@
-"""Planted candidates against the evaluator's jail (issue 11, items 1-6): each one is what an
-adversarial policy tried on the unjailed evaluator, and fails on that code.
+"""Planted candidates against the evaluator's jail: each one is what an adversarial policy tried on
+the unjailed evaluator, and fails on that code (docs/cheats.md, sandbox escapes).
 
 Host backend: they run where CI runs (root, no GPU). Static source checks are off in these
 tests: what is under test is what holds when a form slips past them.
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cuda_agent.jail import python_binds
+from cuda_agent.jail.uids import UID_CLAIMS_DIR, UID_SPAN
 from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.isolation import sandbox
 from evaluator_helpers import AXPY_TASK, build_cache, host, kernel_with, model_new_with, workspace  # noqa: F401
@@ -59,7 +60,8 @@ def test_the_candidate_runs_jailed_and_the_record_says_so(build_cache):
     record = evaluate(AXPY_TASK, workspace(), _settings(build_cache))
     assert record["status"] == "correct", record["message"]
     jail = record["sandbox"]["jail"]
-    assert jail["jail"] == "complete" and jail["uid"] == 60100
+    base = _settings(build_cache).jail_uid_base
+    assert jail["jail"] == "complete" and base <= jail["uid"] < base + UID_SPAN
     assert "pid" in jail["namespaces"] and "network" in jail["namespaces"]
     assert not jail["filesystem"]["writable"]
 
@@ -133,10 +135,12 @@ subprocess.Popen(["setsid", "sleep", "601"], stdout=subprocess.DEVNULL, stderr=s
     forward = "return cuda_extension.axpy_forward(x, y, float(self.alpha) + 1.0)"  # wrong: incorrect
     record = evaluate(AXPY_TASK, workspace(model_new=model_new_with(forward, prelude=prelude)), settings)
     assert record["status"] == "incorrect" and record["reward"] == -1
+    uid = record["sandbox"]["jail"]["uid"]
     deadline = time.monotonic() + 5
-    while _jail_uid_processes(settings.jail_uid) and time.monotonic() < deadline:
+    while _jail_uid_processes(uid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _jail_uid_processes(settings.jail_uid) == []
+    assert _jail_uid_processes(uid) == []
+    assert not (UID_CLAIMS_DIR / str(uid)).exists()  # the uid was given back
 
 
 def test_a_loop_in_forward_is_stopped_by_the_call_limit(build_cache):
@@ -228,3 +232,21 @@ def test_a_tampered_cached_library_is_rebuilt(build_cache, tmp_path):
     record = evaluate(AXPY_TASK, workspace(), settings)
     assert record["status"] == "correct", record["message"]
     assert record["build"]["cache_hit"] is False
+
+
+def test_each_jailed_child_has_a_uid_of_its_own_and_gives_it_back(build_cache, tmp_path):
+    """Jails that shared a uid shared RLIMIT_NPROC: on the GPU machine, concurrent evaluations ran out
+    of processes in their builds. Two children alive at once hold two uids; closing frees both."""
+    guard = sandbox.child_guard(_settings(build_cache))
+    children = []
+    try:
+        for name in ("a", "b"):
+            folder = tmp_path / name
+            folder.mkdir()
+            children.append(sandbox.Child("candidate", folder, guard=guard))
+        uids = [child.protections["uid"] for child in children]
+        assert uids[0] != uids[1] and all((UID_CLAIMS_DIR / str(uid)).exists() for uid in uids)
+    finally:
+        for child in children:
+            child.close()
+    assert not any((UID_CLAIMS_DIR / str(uid)).exists() for uid in uids)

@@ -4,6 +4,7 @@ sessions) through the content-hash build cache, so each distinct source compiles
 
 import json
 import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from evaluator_cuda.timing.baselines import BaselineCache, baseline_key
 from evaluator_cuda.evaluation import evaluate
-from evaluator_cuda.service import compile_job, evaluate_job
+from evaluator_cuda.service import compile_job, evaluate_job, job_settings
 from evaluator_cuda.settings import EvalSettings
 from evaluator_cuda.solutions import Solution, reference_solution
 from evaluator_cuda.tasks import Task
@@ -45,6 +46,7 @@ def test_compile_error_gives_file_and_line(build_cache):
     assert "expected" in first["message"]
 
 
+@pytest.mark.slow  # a torch build (the fast build cannot take ATen compute)
 def test_aten_compute_from_cpp_binding_is_refused(build_cache):
     """A binding that computes with torch::relu (ATen) is refused at the dispatcher (docs/cheats.md #16)."""
     record = evaluate(AXPY_TASK, workspace("+", binding_body="out = out.relu();"), host(build_cache))  # a tensor method: invisible to the static check
@@ -173,13 +175,14 @@ def test_service_compile_then_evaluate_with_artifact(build_cache):
     job = {
         "task": {"name": "axpy", "source": AXPY_TASK.source},
         "solution": {"format": "workspace", "files": workspace("+").files},
-        "settings": {"backend": "host", "cache_dir": build_cache, "profile": False},
+        "settings": {"backend": "host", "profile": False},
     }
-    built = compile_job(job)
+    worker = {"cache_dir": build_cache}  # the worker's own setting, never the job's
+    built = compile_job(job, worker)
     assert built["status"] == "built" and isinstance(built["artifact"], bytes) and built["artifact"][:4] == b"\x7fELF"
-    again = compile_job(job)
+    again = compile_job(job, worker)
     assert again["cache_hit"] is True
-    record = evaluate_job({**job, "artifact": built["artifact"]})
+    record = evaluate_job({**job, "artifact": built["artifact"]}, worker)
     assert record["status"] == "correct", record["message"]
     assert record["build"]["key"] == "artifact"
 
@@ -190,6 +193,22 @@ def test_service_rejects_malformed_jobs_as_infra_error():
     assert "bad job" in record["message"]
     built = compile_job({"task": {"name": "t", "source": "x"}, "solution": {"format": "workspace", "files": {}}, "settings": {"backend": "gpu"}})
     assert built["status"] == "infra_error" and "unknown backend" in built["diagnostics"][0]["message"]
+
+
+@pytest.mark.parametrize("key, value", [("cache_dir", "/tmp/elsewhere"), ("static_checks", False),
+                                        ("block_torch", False), ("norm_rtol", 1.0), ("child_timeout_s", 1e6)])
+def test_a_job_cannot_set_what_belongs_to_the_worker(key, value, monkeypatch):
+    job = {"task": {"name": "axpy", "source": AXPY_TASK.source},
+           "solution": {"format": "workspace", "files": workspace("+").files},
+           "settings": {"backend": "host", key: value}}
+    record = evaluate_job(job)
+    assert record["status"] == "infra_error" and record["reward"] is None
+    assert f"not settable per job: {key}" in record["message"]
+    built = compile_job(job)
+    assert built["status"] == "infra_error" and f"not settable per job: {key}" in built["diagnostics"][0]["message"]
+    # the same value as the worker's own setting is taken (the job above was refused for its key alone)
+    monkeypatch.setenv("CUDA_AGENT_WORKER_SETTINGS", json.dumps({key: value, "backend": "host"}))
+    assert getattr(job_settings({"profile": False}), key) == value
 
 
 def test_service_task_error_is_not_scored():
@@ -214,11 +233,15 @@ def test_compile_timeout_is_a_compile_error(tmp_path):
 
 @pytest.mark.slow
 def test_candidate_that_hangs_is_killed_as_runtime_error(tmp_path):
-    settings = host(str(tmp_path), child_timeout_s=45.0)
+    # The limit applies to each request, the reference child's first one too, which waits for that
+    # child's `import torch` (a few seconds on a busy 2-core machine): 15 s leaves room for it, and
+    # the busy loop burns a core for no longer than that (it was 45 s).
+    settings = host(str(tmp_path), child_timeout_s=15.0)
     record = evaluate(AXPY_TASK, kernelbench("while True:\n    pass"), settings)
     assert record["status"] == "runtime_error" and record["reward"] == -1
-    # each call's limit now follows the reference's time (settings.call_timeout_*), below the 45 s
-    assert "gave no answer within" in record["message"] and record["call_timeout_s"] < 45
+    # each call's limit follows the reference's time (settings.call_timeout_*), never above the 15 s
+    expected = min(15.0, settings.call_timeout_factor * record["reference_call_s"] + settings.call_timeout_extra_s)
+    assert "gave no answer within" in record["message"] and record["call_timeout_s"] == pytest.approx(expected, abs=2e-3)
 
 
 LOAD_INLINE_SOLUTION = '''import torch
@@ -260,13 +283,30 @@ def test_kernelbench_load_inline_solutions(build_cache):
     assert any("undefined_name" in d["message"] and d["line"] for d in record["diagnostics"]), record["diagnostics"][:3]
 
 
-def test_fast_build_and_torch_build_give_the_same_verdicts(build_cache):
-    """The default fast build (evaluator_cuda.extension.fast) and the torch build agree on verdicts."""
-    from evaluator_cuda.extension.fast.binding_runtime import is_fast_extension
+def _small_example_task(stem: str, **sizes: int) -> Task:
+    """An example task (examples/tasks/<stem>.py) with its size constants set to `sizes`."""
+    source = (Path(__file__).resolve().parents[1] / "examples" / "tasks" / f"{stem}.py").read_text()
+    for name, value in sizes.items():
+        source, count = re.subn(rf"^{name} = \d+$", f"{name} = {value}", source, flags=re.M)
+        assert count == 1, name
+    return Task(name=stem, source=source)
 
+
+@pytest.mark.slow
+def test_fast_build_and_torch_build_give_the_same_verdicts(build_cache):
+    """The default fast build (evaluator_cuda.extension.fast) and the torch build agree on verdicts.
+
+    The honest candidate is the layernorm host example (on a small layernorm, so that its checks are
+    quick): test_fastbuild.py compares the outputs of the same two builds of it, and whichever test
+    comes first builds them for both (the build cache is keyed by the kernels, not the task)."""
+    from evaluator_cuda.extension.fast.binding_runtime import is_fast_extension
+    from evaluator_cuda.solutions import read_solution
+
+    layernorm = _small_example_task("layernorm", ROWS=64, HIDDEN=256)
+    example = read_solution(Path(__file__).resolve().parents[1] / "examples" / "solutions" / "host" / "layernorm")
     for fast in (True, False):
         settings = host(build_cache, fast_build=fast)
-        honest = evaluate(AXPY_TASK, workspace("+"), settings)
+        honest = evaluate(layernorm, example, settings)
         assert honest["status"] == "correct", (fast, honest["message"], honest["diagnostics"][:2])
         libs = [p for p in Path(build_cache).rglob("*.so") if honest["build"]["key"] in str(p)]
         assert libs and is_fast_extension(libs[0]) == fast  # the candidate ran on the library of that path

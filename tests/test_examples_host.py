@@ -1,19 +1,20 @@
 """The host-backend example solutions, judged by the project's evaluator (one build path).
 
-Each host solution goes through `evaluator_cuda.service.evaluate_job` with the verdict only
-(`profile: False`): the evaluator builds it (cuda_agent/templates/binding.cpp + kernels/*.cpp into the one
-module `cuda_extension`, cached by content hash), runs the task's Model and the candidate's
-ModelNew in separate processes on 5 fresh input sets with a shared state_dict, and compares at
-atol = rtol = 1e-2. The honest solutions must come back `correct`; the deliberately wrong one
-`incorrect` with reward -1.
+Each host solution is evaluated with the verdict only (`profile: False`) in the one run of
+`cuda-agent bench examples/tasks --solutions examples/solutions --backend host` that
+tests/conftest.py makes for this file and tests/test_evaluator_examples.py: the evaluator builds
+it (cuda_agent/templates/binding.cpp + kernels/*.cpp into the one module `cuda_extension`, cached
+by content hash), runs the task's Model and the candidate's ModelNew in separate processes on 5
+fresh input sets with a shared state_dict, and compares at atol = rtol = 1e-2. The honest
+solutions must come back `correct`; the deliberately wrong one `incorrect` with reward -1.
+(Workspace jobs through `evaluator_cuda.service.evaluate_job` are covered by the service tests of
+tests/test_evaluator_pipeline.py and by the evaluator workers behind the bridge.)
 
-Cold, on a 2-core machine, the seven torch-header builds alone take several minutes (cached
-afterwards under ~/.cache/cuda-agent/build/), hence `slow`.
+Cold, on a 2-core machine, the evaluations take about a minute, hence `slow`.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -28,29 +29,18 @@ def task_for(solution: Path) -> Path:
     return EXAMPLES / "tasks" / f"{solution.name.split('__')[0]}.py"
 
 
-def evaluate_host_solution(solution: Path) -> dict:
-    from evaluator_cuda.service import evaluate_job
-
-    files = {str(p.relative_to(solution)): p.read_bytes() for p in sorted(solution.rglob("*")) if p.is_file()}
-    task = task_for(solution)
-    job = {
-        "task": {"name": task.stem, "source": task.read_text()},
-        "solution": {"format": "workspace", "files": files},
-        "settings": {"backend": "host", "profile": False},
-    }
-    return evaluate_job(job)
-
-
 SOLUTIONS = sorted(p for p in HOST_SOLUTIONS.iterdir() if p.is_dir())
 HONEST = [p for p in SOLUTIONS if "__" not in p.name]
 WRONG = [p for p in SOLUTIONS if p.name.endswith("__wrong")]
 
 
 @pytest.fixture(scope="module")
-def records() -> dict[str, dict]:
-    pytest.importorskip("torch")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip([p.name for p in SOLUTIONS], pool.map(evaluate_host_solution, SOLUTIONS)))
+def records(host_examples_bench) -> dict[str, dict]:
+    """Each solution folder's record in the bench run (a `<stem>__<variant>` folder is `<stem>[<variant>]` there)."""
+    from evaluator_cuda.solutions import read_solution
+
+    by_candidate = {r["candidate"]: r for r in host_examples_bench.records}
+    return {p.name: by_candidate[read_solution(p).label] for p in SOLUTIONS}
 
 
 def test_every_task_has_an_honest_host_solution_and_one_wrong_one():

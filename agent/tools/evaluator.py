@@ -14,7 +14,7 @@ from cuda_agent.contracts import evaluation_job
 
 from agent.evaluator_report import files_digest, format_compile_report, format_evaluation_report
 from agent.tools.base import EvaluationRecord, Tool, ToolContext, ToolFailure
-from agent.workspace import SOLUTION_MODEL_FILE
+from cuda_agent.contracts import WORKSPACE_ENTRY
 
 
 def evaluator_settings(context: ToolContext, profile: bool) -> dict[str, Any]:
@@ -55,8 +55,8 @@ def worker_seconds(record: dict) -> float:
 
 def _solution(context: ToolContext) -> dict[str, bytes]:
     files = context.workspace.solution_files()
-    if SOLUTION_MODEL_FILE not in files:
-        raise ToolFailure(f"{SOLUTION_MODEL_FILE} does not exist yet")
+    if WORKSPACE_ENTRY not in files:
+        raise ToolFailure(f"{WORKSPACE_ENTRY} does not exist yet")
     return files
 
 

@@ -104,6 +104,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class JailSpec:
+    # Resolved when the command is built, mounted a few ms later: never bind a path whose folders
+    # the jailed code (or another job) can change.
     binds: tuple[Bind, ...] = ()
     uid: int = NOBODY  # prefer a uid per slot: RLIMIT_NPROC and file ownership are per uid
     gid: int | None = None  # default: uid
@@ -121,7 +123,8 @@ class JailSpec:
     hostname: str = "jail"
     pass_fds: tuple[int, ...] = ()  # inherited fds the command keeps (also pass them to Popen)
     # SIGKILL the jail when the launching *thread* exits (Linux parent-death signals follow the
-    # thread that forked): start jails from a thread that outlives them, or set False.
+    # thread that forked): start jails from a thread that outlives them, or set False. The
+    # process that calls jail_command must be the one that starts it.
     die_with_parent: bool = True
     seccomp: bool = True
     require: bool = False  # raise JailUnavailable instead of running with layers missing

@@ -298,9 +298,8 @@ def build_root(plan: dict) -> None:
 def _build_dev(target: str, entry: dict) -> None:
     _make_point(target, True)
     _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
-    for node in entry["nodes"]:
+    for node in entry["nodes"]:  # each node's own mount stays writable (/dev/null is written to)
         _bind("/oldroot" + node, "/newroot" + node, writable=True, device=True)
-        # writable=True keeps the node's own mount read-write (devices are written: /dev/null).
     for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(link, f"{target}/{name}")
     _make_point(target + "/shm", True)
@@ -327,7 +326,8 @@ def _ifup_loopback() -> None:
 def drop_privileges(plan: dict) -> None:
     """Groups, gid, uid of the plan; every capability set emptied; checked before returning."""
     arch = ARCHES.get(os.uname().machine)
-    last = int(open("/proc/sys/kernel/cap_last_cap").read())
+    with open("/proc/sys/kernel/cap_last_cap") as handle:
+        last = int(handle.read())
     for cap in range(last + 1):
         _prctl(PR_CAPBSET_DROP, cap, what=f"drop capability {cap} from the bounding set")
     _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, what="clear the ambient capabilities")
@@ -342,7 +342,8 @@ def drop_privileges(plan: dict) -> None:
     data = ctypes.create_string_buffer(24)  # two {effective, permitted, inheritable}, all zero
     _syscall(arch["capset"], ctypes.create_string_buffer(header, 8), data, what="clear the capability sets")
     _prctl(PR_SET_DUMPABLE, 0, what="non-dumpable")
-    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+    with open("/proc/self/status") as handle:
+        status = dict(line.split(":", 1) for line in handle.read().splitlines() if ":" in line)
     for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         if int(status.get(name, "1").strip(), 16) != 0:
             raise SetupError(f"{name} is not empty after dropping privileges")

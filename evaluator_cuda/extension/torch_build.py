@@ -27,7 +27,7 @@ from cuda_agent.workspace import HARNESS_FILES, TEMPLATES
 from cuda_agent.jail import Bind
 
 from ..isolation.integrity import intact, seal
-from ..isolation.sandbox import Child, ChildFailed, child_guard
+from ..isolation.sandbox import Child, ChildFailed, child_guard, hand_over, own_uid
 from ..settings import EvalSettings
 from .diagnostics import parse_compiler_output
 from .flags import CXX_FLAGS, NVCC_FLAGS, torch_release
@@ -144,12 +144,13 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
         try:
             guard = child_guard(settings)
             binds = (Bind(str(work), writable=True),) + ((Bind(str(pch.parent)),) if pch else ())
-            if guard["jail"]["enabled"]:
-                _hand_over(work, guard["jail"]["uid"])
-                if pch:  # made in a private temporary folder: readable by the jail's uid from now on
-                    pch.parent.chmod(0o755)
-            with Child("build", work, env=build_env(settings), guard=guard, binds=binds) as child:
-                reply = child.request(request, timeout=settings.compile_timeout_s)
+            with own_uid(guard["jail"]) as jail:
+                if jail["enabled"]:
+                    hand_over(work, jail["uid"])
+                    if pch:  # made in a private temporary folder: readable by the jail's uid from now on
+                        pch.parent.chmod(0o755)
+                with Child("build", work, env=build_env(settings), guard={**guard, "jail": jail}, binds=binds) as child:
+                    reply = child.request(request, timeout=settings.compile_timeout_s)
         except ChildFailed as exc:
             seconds = time.perf_counter() - begin
             if exc.kind == "timeout":
@@ -179,12 +180,6 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
         return BuildResult("built", [], str(final), seconds, False, key)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _hand_over(work: Path, uid: int) -> None:
-    """The build folder to the jailed build child's uid (it writes its objects there)."""
-    for path in [work, *work.rglob("*")]:
-        os.chown(path, uid, uid, follow_symlinks=False)
 
 
 def _publish(work: Path, entry: Path, failure: dict | None = None) -> None:

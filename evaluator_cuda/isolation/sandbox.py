@@ -20,6 +20,7 @@ warming (torch imported, CUDA context made).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import resource
@@ -34,6 +35,7 @@ import time
 from pathlib import Path
 
 import cuda_agent.jail as jail_mod
+from cuda_agent.jail import uids as jail_uids
 
 from . import wire
 
@@ -182,6 +184,10 @@ class Child:
         child_env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
         argv = [sys.executable, "-m", "evaluator_cuda.roles.child", role]
         popen_env, cwd, self.protections = child_env, str(self.workdir), None
+        self._claimed_uid = None  # a uid of its own, claimed here, released (with its processes) by kill()
+        if jailed and not jail_settings.get("uid"):
+            self._claimed_uid = jail_uids.claim_uid(int(jail_settings["uid_base"]))
+            jail_settings = {**jail_settings, "uid": self._claimed_uid}
         if jailed:
             shown = any(Path(b.target or b.source) == self.workdir for b in binds)
             command = jail_mod.jail_command(_jail_spec(jail_settings, child_env, binds, child_sock.fileno(),
@@ -204,6 +210,7 @@ class Child:
         except BaseException:
             self._log.close()
             parent_sock.close()
+            self._release_uid()
             raise
         finally:
             child_sock.close()
@@ -268,6 +275,13 @@ class Child:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        self._release_uid()
+
+    def _release_uid(self) -> None:
+        """Kill whatever still runs as the child's own uid and give the uid back."""
+        if self._claimed_uid is not None:
+            uid, self._claimed_uid = self._claimed_uid, None
+            jail_uids.release_uid(uid)
 
     def close(self) -> None:
         """Ask politely, then kill the group."""
@@ -348,7 +362,7 @@ def child_guard(settings) -> dict:
     require = settings.require_jail if settings.require_jail is not None else require_jail_default()
     if settings.jail_children:
         guard["jail"] = {
-            "enabled": True, "require": bool(require), "uid": settings.jail_uid,
+            "enabled": True, "require": bool(require), "uid_base": settings.jail_uid_base,
             "gpu": settings.backend == "cuda", "memory_bytes": memory, "processes": settings.child_max_processes,
             "cpu_seconds": settings.child_cpu_seconds, "file_size_bytes": DEFAULT_FILE_SIZE_LIMIT,
             "open_files": DEFAULT_OPEN_FILES_LIMIT, "tmp_bytes": settings.jail_tmp_bytes,
@@ -367,12 +381,36 @@ def child_guard(settings) -> dict:
     return guard
 
 
+@contextlib.contextmanager
+def own_uid(jail_settings: dict | None):
+    """`jail_settings` (child_guard()["jail"]) with a uid claimed for this holder alone: jails that
+    shared a uid would share RLIMIT_NPROC (one busy jail starves the others' forks) and each other's
+    files. On exit the uid's remaining processes are killed and the claim freed. Unchanged when the
+    jail is off or a uid is set already."""
+    if not (jail_settings and jail_settings.get("enabled")) or jail_settings.get("uid"):
+        yield jail_settings
+        return
+    uid = jail_uids.claim_uid(int(jail_settings["uid_base"]))
+    try:
+        yield {**jail_settings, "uid": uid}
+    finally:
+        jail_uids.release_uid(uid)
+
+
+def hand_over(folder: Path, uid: int) -> None:
+    """A folder (and everything in it) to a jail's uid, which writes its output there."""
+    for path in [folder, *folder.rglob("*")]:
+        os.chown(path, uid, uid, follow_symlinks=False)
+
+
 def jailed_command(jail_settings: dict, argv: list[str], binds: tuple, cwd: str,
                    memory_bytes: int | None = None,
                    file_size_bytes: int | None = None) -> tuple[list[str], dict[str, str]]:
     """(argv, env) of a one-shot untrusted command (a compiler on a candidate's sources) in the
     jail of `jail_settings` (child_guard()["jail"]), seeing `binds` and the usual read-only
     folders; the caller starts it in its own session and kills the session on timeout."""
+    if not jail_settings.get("uid"):
+        raise ValueError("a jailed command needs a uid of its own (own_uid)")
     settings = dict(jail_settings)
     if memory_bytes:
         settings["memory_bytes"] = min(memory_bytes, settings.get("memory_bytes") or memory_bytes)
@@ -400,7 +438,7 @@ def _jail_spec(settings: dict, env: dict[str, str], binds: tuple, channel_fd: in
                              file_size_bytes=settings.get("file_size_bytes"), open_files=settings.get("open_files"),
                              cpu_seconds=settings.get("cpu_seconds") or None)
     return jail_mod.JailSpec(
-        binds=tuple(all_binds), uid=int(settings.get("uid") or jail_mod.NOBODY), cwd=cwd,
+        binds=tuple(all_binds), uid=int(settings.get("uid") or settings.get("uid_base") or jail_mod.NOBODY), cwd=cwd,
         env={**kept, **JAIL_ENV_FIXED}, path=path, limits=limits,
         devices=jail_mod.gpu_devices() if gpu else (), tmp_bytes=int(settings.get("tmp_bytes") or 256 * 1024**2),
         pass_fds=(channel_fd,) if channel_fd is not None else (),

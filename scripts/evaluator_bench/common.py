@@ -1,18 +1,29 @@
-"""Helpers shared by the benchmark scripts: a task and a candidate loaded outside the evaluator.
+"""Paths of the checkout, a task and a candidate loaded outside the evaluator, and the JSON written to $OUT.
 
-Used in the benchmarks' own child processes (do_bench / perf_counter timings), never in the
+The loaders are used in the benchmarks' own processes (timing child, compile checks, dry run), never in the
 evaluator: the evaluator loads candidates only in its sandboxed candidate child.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "bench_evaluator.py"
+TASKS = REPO / "examples" / "tasks"
+SOLUTIONS = REPO / "examples" / "solutions"
+
+
+def put_checkout_on_path() -> None:
+    """The checkout importable here and in every child: the evaluator's children run
+    `python -m evaluator_cuda.roles.child`, so PYTHONPATH names the checkout too."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def load_task(task_path: str | Path) -> dict:
@@ -43,3 +54,15 @@ def load_model_new(solution: str | Path, so_path: str | None = None, fast_cache_
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.ModelNew
+
+
+def write_out(name: str, data: dict) -> Path | None:
+    """$OUT/<name> as JSON when OUT is set (the folder made if needed); the path written, or None."""
+    out = os.environ.get("OUT")
+    if not out:
+        return None
+    path = Path(out) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=str))
+    print(f"wrote {path}")
+    return path
