@@ -162,28 +162,6 @@ def kill_process_group(pgid: int) -> None:
             return
 
 
-def kill_processes_of_uid(uid: int) -> int:
-    """SIGKILL every process owned by `uid` (a sandbox uid: its own commands only); returns count."""
-    killed = 0
-    for _ in range(20):
-        found = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                if entry.stat().st_uid != uid:
-                    continue
-                os.kill(int(entry.name), signal.SIGKILL)
-                found += 1
-            except (OSError, ProcessLookupError):
-                pass
-        killed += found
-        if not found:
-            break
-        time.sleep(0.02)
-    return killed
-
-
 async def start_command(command: str, cwd: str, limits: SandboxLimits, uid: int | None) -> asyncio.subprocess.Process:
     """Start `command` with bash in the jail; stdout and stderr merged into one pipe."""
     jailed = jail_command(jail_spec(limits, cwd, uid), ["bash", "--noprofile", "--norc", "-c", command])

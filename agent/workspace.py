@@ -14,13 +14,13 @@ what a workspace is.
 from __future__ import annotations
 
 import errno
-import itertools
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.sandbox import can_switch_uid, jail_has_view, kill_processes_of_uid
+from agent.sandbox import can_switch_uid, jail_has_view
+from cuda_agent.jail.uids import UID_CLAIMS_DIR, UID_SPAN, NoFreeUid, claim_uid, kill_processes_of_uid, release_uid
 from cuda_agent.contracts import WORKSPACE_ENTRY
 from cuda_agent.workspace import KERNELS_DIR, TASK_FILE, TEMPLATE_FILES
 
@@ -46,9 +46,6 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a regular file"
-
-_slot_counter = itertools.count()
-
 
 class WorkspaceError(Exception):
     """A refused path or action; the message goes back to the policy."""
@@ -227,51 +224,16 @@ class Workspace:
             release_sandbox_uid(self.sandbox_uid)
 
 
-UID_CLAIMS_DIR = Path("/tmp/cuda-agent-uids")
-UID_SPAN = 100_000
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def claim_sandbox_uid(uid_base: int, claims_dir: Path = UID_CLAIMS_DIR, span: int = UID_SPAN) -> int:
-    """A uid in [uid_base, uid_base + UID_SPAN) no other live episode on this host holds.
-
-    A claim is a file named after the uid holding the claimer's pid (created with O_EXCL);
-    claims of dead processes are taken over.
-    """
-    claims_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    start = (os.getpid() * 7919 + next(_slot_counter)) % span
-    for offset in range(span):
-        uid = uid_base + (start + offset) % span
-        claim = claims_dir / str(uid)
-        for _ in range(2):  # a second try after removing a dead process's claim
-            try:
-                fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                try:
-                    holder = int(claim.read_text() or "0")
-                except (OSError, ValueError):
-                    break
-                if holder and not _pid_alive(holder):
-                    claim.unlink(missing_ok=True)
-                    continue
-                break
-            with os.fdopen(fd, "w") as handle:
-                handle.write(str(os.getpid()))
-            return uid
-    raise WorkspaceError("no free sandbox uid")
+    """A uid in [uid_base, uid_base + span) no other live episode or jail on this host holds."""
+    try:
+        return claim_uid(uid_base, claims_dir, span)
+    except NoFreeUid:
+        raise WorkspaceError("no free sandbox uid") from None
 
 
 def release_sandbox_uid(uid: int, claims_dir: Path = UID_CLAIMS_DIR) -> None:
-    (claims_dir / str(uid)).unlink(missing_ok=True)
+    release_uid(uid, claims_dir, kill=False)
 
 
 def create_workspace(

@@ -18,10 +18,12 @@ import atexit
 import contextlib
 import dataclasses
 import secrets
+import shutil
 import time
 from pathlib import Path
 
 from .extension.build import build_workspace
+from .extension.diagnostics import shown_to_agent
 from .extension.torch_build import build_env
 from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from .isolation.static_checks import check_solution_sources
@@ -95,8 +97,23 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
     finally:
         if slot is not None:
             _release(slot)
+        _diagnostics_for_agent(record, solution, settings)
         record["wall_s"]["total"] = round(time.perf_counter() - begin, 4)
     return record
+
+
+def _diagnostics_for_agent(record: dict, solution: Solution, settings: EvalSettings) -> None:
+    """Diagnostics name only workspace files and carry no text of others (an `#include` of an
+    outside file); a compile error's message is its first shown diagnostic."""
+    from cuda_agent.workspace import HARNESS_FILES
+
+    if not record.get("diagnostics"):
+        return
+    own = ("/tmp/torch_extensions/", str(settings.cache_path() / "torch_extensions") + "/")  # load_inline's sources
+    shown = shown_to_agent(record["diagnostics"], [*solution.files, *HARNESS_FILES, "binding.cpp"], own)
+    if record["status"] == "compile_error" and shown != record["diagnostics"] and shown:
+        record["message"] = shown[0]["message"]
+    record["diagnostics"] = shown
 
 
 def _release(slot: EvaluationSlot) -> None:
@@ -134,11 +151,15 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
     fields it decides; a step that reaches a verdict raises it."""
     _check_sources(solution, settings)
     extension = _extension(solution, settings, artifact, slot.workdir, record)
+    extension, runtime = _extension_copy(extension, slot.extension_dir, settings)
     solution_dir = _read_only_copy(solution, task, slot.workdir / "solution")
-    record["sandbox"] = {k: v for k, v in slot.guard.items() if k != "command_prefix"}
+    record["sandbox"] = {k: v for k, v in slot.guard.items() if k not in ("command_prefix", "jail_protections")}
+    if slot.candidate.protections is not None:
+        record["sandbox"]["jail"] = slot.candidate.protections
     begin = time.perf_counter()
     with _children(slot) as (reference, candidate):
-        loaded, seeds = _load(reference, candidate, task, solution, settings, extension, solution_dir, record)
+        loaded, seeds = _load(reference, candidate, task, solution, settings, extension, solution_dir, record,
+                              runtime)
         checks = _check_sets(reference, task, seeds, settings, record)
         _prepare(candidate, loaded, settings)
         timed = _timed_sets(reference, checks["inputs"], settings, record)
@@ -186,6 +207,26 @@ def _extension(solution: Solution, settings: EvalSettings, artifact: bytes | Non
     return Path(built.so_path)
 
 
+def _extension_copy(extension: Path | None, folder: Path, settings: EvalSettings) -> tuple[Path | None, Path | None]:
+    """The built extension (and, for a fast-built one, the binding runtime) copied into the
+    folder the candidate sees read-only: the cache entry itself stays outside its view."""
+    if extension is None:
+        return None, None
+    from .extension.fast.binding_runtime import RUNTIME_NAME, is_fast_extension, runtime_dir
+
+    copy = folder / extension.name
+    shutil.copyfile(extension, copy)
+    copy.chmod(0o444)
+    runtime = None
+    if is_fast_extension(str(extension)):
+        built = runtime_dir(settings.cache_path() / "fastbuild") / f"{RUNTIME_NAME}.so"
+        if built.exists():
+            runtime = folder / built.name
+            shutil.copyfile(built, runtime)
+            runtime.chmod(0o444)
+    return copy, runtime
+
+
 def _read_only_copy(solution: Solution, task: Task, folder: Path) -> Path:
     """The candidate's copy of its solution (and the task): files 0444, folders 0555. The
     candidate child's own logs live one level up, outside this folder."""
@@ -205,7 +246,8 @@ def _read_only_copy(solution: Solution, task: Task, folder: Path) -> Path:
 
 
 def _load(reference: Child, candidate: Child, task: Task, solution: Solution, settings: EvalSettings,
-          extension: Path | None, solution_dir: Path, record: dict) -> tuple[dict, list[int]]:
+          extension: Path | None, solution_dir: Path, record: dict,
+          runtime: Path | None = None) -> tuple[dict, list[int]]:
     """Both children load at once: the task's Model from a secret seed in one, the candidate in
     the other. Returns the reference's answer (init inputs, state dict) and the check seeds."""
     init_seed = secrets.randbits(31)
@@ -218,6 +260,7 @@ def _load(reference: Child, candidate: Child, task: Task, solution: Solution, se
         "cmd": "load", "format": solution.format, "entry": solution.entry, "solution_dir": str(solution_dir),
         "extension_path": str(extension) if extension else None, "task_name": task.name,
         "fast_cache_dir": str(settings.cache_path() / "fastbuild"),
+        "binding_runtime": str(runtime) if runtime else None,
         "task_source": task.source, "device": device,
         "block_torch": settings.block_torch and solution.format != "reference",
     })
@@ -241,8 +284,9 @@ def _reference_loaded(reference: Child, settings: EvalSettings) -> dict:
 def _candidate_loaded(candidate: Child, solution: Solution, settings: EvalSettings) -> None:
     """The candidate's load (a KernelBench file builds its own extension here: its timeout is
     a compile_error)."""
+    timeout = settings.import_timeout_s + (settings.compile_timeout_s if solution.format == "kernelbench" else 0.0)
     try:
-        loaded = candidate.result(settings.compile_timeout_s + settings.child_timeout_s)
+        loaded = candidate.result(timeout)
     except ChildFailed as exc:
         kind = "compile_error" if (exc.kind == "timeout" and solution.format == "kernelbench") else "runtime_error"
         raise Verdict(kind, f"loading the candidate: {exc}") from None
@@ -253,10 +297,14 @@ def _candidate_loaded(candidate: Child, solution: Solution, settings: EvalSettin
 def _check_sets(reference: Child, task: Task, seeds: list[int], settings: EvalSettings, record: dict) -> dict:
     """The check sets' inputs and reference outputs (the first set run twice, so that a random
     task shows). A degenerate task is a task_error."""
+    begin = time.perf_counter()
     sets = reply(reference, {"cmd": "reference", "seeds": seeds, "rerun": True}, settings.child_timeout_s,
                  harness=True)
     if not sets.get("ok"):
         raise reference_failure(sets)
+    # An upper bound on one reference call (input generation included): the candidate's call limit
+    record["reference_call_s"] = round((time.perf_counter() - begin) / (len(seeds) + 1), 6)
+    record["call_timeout_s"] = round(call_timeout(record["reference_call_s"], settings), 3)
     record["inputs_generated_on"] = sets.get("generated_on")
     if sets.get("random"):
         degenerate = "random: two runs on the same inputs disagree"
@@ -268,10 +316,19 @@ def _check_sets(reference: Child, task: Task, seeds: list[int], settings: EvalSe
     return sets
 
 
+def call_timeout(reference_call_s: float | None, settings: EvalSettings) -> float:
+    """The limit of one candidate call: a multiple of the reference's call plus a few seconds,
+    never above the child timeout (docs/cheats.md: a loop in forward)."""
+    if reference_call_s is None:
+        return settings.child_timeout_s
+    derived = settings.call_timeout_factor * reference_call_s + settings.call_timeout_extra_s
+    return min(settings.child_timeout_s, derived)
+
+
 def _prepare(candidate: Child, loaded: dict, settings: EvalSettings) -> None:
     """ModelNew built with the reference's constructor arguments and weights."""
     request = {"cmd": "prepare", "init_inputs": loaded["init_inputs"], "state_dict": loaded["state_dict"]}
-    prepared = reply(candidate, request, settings.child_timeout_s, harness=False)
+    prepared = reply(candidate, request, settings.import_timeout_s, harness=False)
     if not prepared.get("ok"):
         raise candidate_failure(prepared)
 
@@ -320,8 +377,10 @@ def _run_calls(candidate: Child, check_inputs: list, timed: _TimedSets, settings
     requests = CallRequests(schedule, check_inputs, timed.inputs, settings.l2_flush_bytes)
     calls = _Calls(schedule, {}, [], [])
     answer: dict = {}
+    limit = call_timeout(record.get("reference_call_s"), settings)
     for position, (kind, index) in enumerate(schedule):
-        answer = reply(candidate, requests.request(position, (kind, index)), settings.child_timeout_s, harness=False)
+        timeout = min(settings.child_timeout_s, limit + (settings.first_call_extra_s if position == 0 else 0.0))
+        answer = reply(candidate, requests.request(position, (kind, index)), timeout, harness=False)
         if not answer.get("ok"):
             raise candidate_failure(answer)
         if kind == "check" or position in sampled:

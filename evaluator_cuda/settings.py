@@ -49,6 +49,13 @@ class EvalSettings:
     block_torch: bool = True  # refuse torch compute outside the extension while the candidate runs
     compile_timeout_s: float = 300.0
     child_timeout_s: float = 300.0  # per request to a verify/profile child (torch.compile can be slow)
+    # The candidate's own limits (docs/cheats.md): its load (import of model_new.py, extension load) and
+    # constructor, and each call: call_timeout_factor x the reference's measured call + call_timeout_extra_s
+    # (the first call first_call_extra_s more: lazy module loading, library handles), never above child_timeout_s.
+    import_timeout_s: float = 60.0
+    call_timeout_factor: float = 100.0
+    call_timeout_extra_s: float = 5.0
+    first_call_extra_s: float = 10.0
     cache_dir: str | None = None  # None: cache_root()
     static_checks: bool = True  # reject sources that use threads, processes, sockets, introspection, torch in C++ ...
     norm_rtol: float = PAPER_RTOL  # scale-aware check: ||out-ref||/||ref|| per tensor (docs/cheats.md #2)
@@ -59,7 +66,15 @@ class EvalSettings:
     child_memory_bytes: int | None = None  # RLIMIT_AS of candidate/build children; None: 32 GiB on host, none on CUDA
     child_max_processes: int = 256  # RLIMIT_NPROC above the user's current count (not enforced for root)
     child_cpu_seconds: int = 3600  # RLIMIT_CPU of a child
-    isolate_network: bool = True  # children in a network namespace when `unshare -n` works
+    isolate_network: bool = True  # unjailed children: a network namespace when `unshare -n` works
+    # The candidate and build children run in cuda_agent.jail's jail (own uid and namespaces, seccomp,
+    # a file-system view of system folders, Python, the evaluator's code and their own folders).
+    jail_children: bool = True
+    require_jail: bool | None = None  # a machine that cannot build the jail: refuse (None: True as root on Linux)
+    # Each jailed child and each build claims its own uid in [jail_uid_base, jail_uid_base + 100000)
+    # (cuda_agent.jail.uids): RLIMIT_NPROC and file access are per uid. Agent episodes use 200000 up.
+    jail_uid_base: int = 300_000
+    jail_tmp_bytes: int = 1024**3  # the jail's private /tmp (tmpfs: memory, used only as filled)
     # evaluator_cuda.extension.fast first (slim headers, ~1 s); the torch build when it cannot decide
     fast_build: bool = True
 

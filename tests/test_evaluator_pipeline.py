@@ -12,7 +12,7 @@ import pytest
 
 from evaluator_cuda.timing.baselines import BaselineCache, baseline_key
 from evaluator_cuda.evaluation import evaluate
-from evaluator_cuda.service import compile_job, evaluate_job
+from evaluator_cuda.service import compile_job, evaluate_job, job_settings
 from evaluator_cuda.settings import EvalSettings
 from evaluator_cuda.solutions import Solution, reference_solution
 from evaluator_cuda.tasks import Task
@@ -175,13 +175,14 @@ def test_service_compile_then_evaluate_with_artifact(build_cache):
     job = {
         "task": {"name": "axpy", "source": AXPY_TASK.source},
         "solution": {"format": "workspace", "files": workspace("+").files},
-        "settings": {"backend": "host", "cache_dir": build_cache, "profile": False},
+        "settings": {"backend": "host", "profile": False},
     }
-    built = compile_job(job)
+    worker = {"cache_dir": build_cache}  # the worker's own setting, never the job's
+    built = compile_job(job, worker)
     assert built["status"] == "built" and isinstance(built["artifact"], bytes) and built["artifact"][:4] == b"\x7fELF"
-    again = compile_job(job)
+    again = compile_job(job, worker)
     assert again["cache_hit"] is True
-    record = evaluate_job({**job, "artifact": built["artifact"]})
+    record = evaluate_job({**job, "artifact": built["artifact"]}, worker)
     assert record["status"] == "correct", record["message"]
     assert record["build"]["key"] == "artifact"
 
@@ -192,6 +193,22 @@ def test_service_rejects_malformed_jobs_as_infra_error():
     assert "bad job" in record["message"]
     built = compile_job({"task": {"name": "t", "source": "x"}, "solution": {"format": "workspace", "files": {}}, "settings": {"backend": "gpu"}})
     assert built["status"] == "infra_error" and "unknown backend" in built["diagnostics"][0]["message"]
+
+
+@pytest.mark.parametrize("key, value", [("cache_dir", "/tmp/elsewhere"), ("static_checks", False),
+                                        ("block_torch", False), ("norm_rtol", 1.0), ("child_timeout_s", 1e6)])
+def test_a_job_cannot_set_what_belongs_to_the_worker(key, value, monkeypatch):
+    job = {"task": {"name": "axpy", "source": AXPY_TASK.source},
+           "solution": {"format": "workspace", "files": workspace("+").files},
+           "settings": {"backend": "host", key: value}}
+    record = evaluate_job(job)
+    assert record["status"] == "infra_error" and record["reward"] is None
+    assert f"not settable per job: {key}" in record["message"]
+    built = compile_job(job)
+    assert built["status"] == "infra_error" and f"not settable per job: {key}" in built["diagnostics"][0]["message"]
+    # the same value as the worker's own setting is taken (the job above was refused for its key alone)
+    monkeypatch.setenv("CUDA_AGENT_WORKER_SETTINGS", json.dumps({key: value, "backend": "host"}))
+    assert getattr(job_settings({"profile": False}), key) == value
 
 
 def test_service_task_error_is_not_scored():
@@ -222,7 +239,9 @@ def test_candidate_that_hangs_is_killed_as_runtime_error(tmp_path):
     settings = host(str(tmp_path), child_timeout_s=15.0)
     record = evaluate(AXPY_TASK, kernelbench("while True:\n    pass"), settings)
     assert record["status"] == "runtime_error" and record["reward"] == -1
-    assert "gave no answer within 15 s" in record["message"]
+    # each call's limit follows the reference's time (settings.call_timeout_*), never above the 15 s
+    expected = min(15.0, settings.call_timeout_factor * record["reference_call_s"] + settings.call_timeout_extra_s)
+    assert "gave no answer within" in record["message"] and record["call_timeout_s"] == pytest.approx(expected, abs=2e-3)
 
 
 LOAD_INLINE_SOLUTION = '''import torch

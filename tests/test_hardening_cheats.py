@@ -460,9 +460,11 @@ def test_20_whole_process_group_killed_on_timeout(build_cache, tmp_path):
         time.sleep(600)
         """
     )
-    # 15 s per request: the reference child's first request waits for its `import torch`, slower with
-    # two test workers on two cores (6 s left too little room for that).
-    record = evaluate(AXPY_TASK, workspace(model_new=model_new_with(body)), host(build_cache, static_checks=False, child_timeout_s=15.0))
+    # 15 s per request: the reference child's first request waits for its `import torch`.
+    # The unjailed path (jail_children=False): the jail's form, where the candidate cannot write
+    # where the test looks, is tests/test_evaluator_jail.py::test_a_setsid_child_does_not_outlive_the_evaluation.
+    settings = host(build_cache, static_checks=False, child_timeout_s=15.0, jail_children=False)
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_with(body)), settings)
     assert record["status"] == "runtime_error" and "gave no answer" in record["message"]
     pid = int(pid_file.read_text())
     deadline = time.time() + 5

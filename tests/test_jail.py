@@ -435,3 +435,22 @@ def test_read_only_binds_already_in_the_system_folders_are_not_doubled(workdir):
     assert not any(b in command.protections["filesystem"]["read_only"] for b in [*links, "/usr/bin"])
     done = subprocess.run(command.argv, env=command.env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
+
+
+def test_uid_claims_are_exclusive_and_release_kills_what_is_left(tmp_path):
+    from cuda_agent.jail.uids import NoFreeUid, claim_uid, release_uid
+
+    claims = tmp_path / "claims"
+    first, second = claim_uid(700_000, claims, span=2), claim_uid(700_000, claims, span=2)
+    assert {first, second} == {700_000, 700_001}
+    with pytest.raises(NoFreeUid):
+        claim_uid(700_000, claims, span=2)
+    if os.geteuid() == 0:  # a process of that uid (root can start one) dies with the release
+        left = subprocess.Popen(["sleep", "600"], user=first, group=first)
+        release_uid(first, claims)
+        assert left.wait(timeout=10) == -signal.SIGKILL
+    else:
+        release_uid(first, claims, kill=False)
+    assert claim_uid(700_000, claims, span=2) == first
+    with pytest.raises(ValueError):
+        claim_uid(0, claims)

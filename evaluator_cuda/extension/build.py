@@ -39,6 +39,14 @@ def fast_build_dir(settings: EvalSettings) -> Path:
     return settings.cache_path() / "fastbuild"
 
 
+def _trusted_guard(settings: EvalSettings) -> dict:
+    """The binding runtime's build child compiles harness code only (no candidate file reaches it) and
+    writes the shared cache: it runs with rlimits, outside the jail."""
+    import dataclasses
+
+    return child_guard(dataclasses.replace(settings, jail_children=False))
+
+
 def _fast_build(files: dict[str, bytes], settings: EvalSettings) -> BuildResult | None:
     """The fast path (evaluator_cuda.extension.fast): a result, or None when the torch build must decide.
 
@@ -55,7 +63,7 @@ def _fast_build(files: dict[str, bytes], settings: EvalSettings) -> BuildResult 
     begin = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="runtime-") as scratch, \
-                Child("build", Path(scratch), env=build_env(settings), guard=child_guard(settings)) as child:
+                Child("build", Path(scratch), env=build_env(settings), guard=_trusted_guard(settings)) as child:
             reply = child.request({"cmd": "runtime", "cache_dir": str(fast_build_dir(settings))},
                                   timeout=settings.compile_timeout_s)
     except ChildFailed as exc:

@@ -4,6 +4,7 @@
     nvcc:       /abs/src/kernels/op.cu(12): error: identifier "x" is undefined
     linker:     undefined reference to `op_launcher'      (no file/line)
 Paths inside the build tree are mapped back to the workspace's relative paths.
+shown_to_agent() keeps what reaches the agent to workspace files and bounded in size.
 """
 
 from __future__ import annotations
@@ -55,3 +56,35 @@ def parse_compiler_output(text: str, roots: list[str] | None = None, limit: int 
         found.append({"file": None, "line": None,
                       "message": lines[-1][:500] if lines else "build failed without output"})
     return found
+
+
+MESSAGE_CHARS = 500
+SHOWN_DIAGNOSTICS = 50
+OUTSIDE = "an error in a file outside the workspace (its name and text are not shown)"
+
+
+def shown_to_agent(diagnostics: list[dict], workspace_files, own_roots: tuple[str, ...] = ()) -> list[dict]:
+    """Diagnostics as the agent may see them: a file is named only when it is one of the
+    workspace's (or a harness placeholder such as `<slim-torch>/...`); an error located in any
+    other file (an `#include "/abs/path"`, a system header) says so without its name or text,
+    since its message can quote that file. A file under one of `own_roots` (where a KernelBench
+    file's load_inline writes its own sources) is shown relative to it. Messages and the list are
+    bounded."""
+    known = set(workspace_files)
+    shown: list[dict] = []
+    for item in diagnostics[:SHOWN_DIAGNOSTICS]:
+        file = item.get("file")
+        message = str(item.get("message") or "")
+        root = next((r for r in own_roots if file is not None and str(file).startswith(r)), None)
+        if root is not None:
+            file = str(file)[len(root):]
+            known.add(file)
+        if file is not None and not (file in known or str(file).startswith("<")):
+            if shown and shown[-1]["message"] == OUTSIDE:
+                continue
+            shown.append({"file": None, "line": None, "message": OUTSIDE})
+            continue
+        if len(message) > MESSAGE_CHARS:
+            message = message[:MESSAGE_CHARS] + " [...]"
+        shown.append({"file": file, "line": item.get("line"), "message": message})
+    return shown

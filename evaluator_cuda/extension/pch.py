@@ -48,6 +48,35 @@ def _ninja_variables(path: Path) -> dict[str, str]:
     return values
 
 
+_COMPILERS = {"c++", "g++", "gcc", "cc", "clang++", "clang"}
+_SAFE_FLAG_PREFIXES = ("-D", "-U", "-std=", "-O", "-W", "-g", "-fPIC", "-fvisibility", "-fopenmp", "-fno-", "-m",
+                       "-pthread", "-I/", "-isystem")
+
+
+def _safe_command(cxx: list[str], flags: list[str], untrusted_roots: tuple[str, ...]) -> bool:
+    """Whether the compiler and flags read from a build.ninja may run outside the jail: the build
+    child that wrote the file ran candidate code, so only a known compiler and plain flags pass
+    (no plugins, wrappers, spec files or response files), and no include folder of the build."""
+    if len(cxx) != 1 or os.path.basename(cxx[0]) not in _COMPILERS:
+        return False
+    after_isystem = False
+    for flag in flags:
+        if after_isystem:
+            after_isystem = False
+            if not flag.startswith("/") or any(flag.startswith(root) for root in untrusted_roots):
+                return False
+            continue
+        if flag == "-isystem":
+            after_isystem = True
+            continue
+        if not flag.startswith(_SAFE_FLAG_PREFIXES) or flag.startswith(("-fplugin", "-mno-red-zone=")):
+            return False
+        path = flag[2:] if flag.startswith("-I") else flag[len("-isystem"):] if flag.startswith("-isystem") else ""
+        if path and any(path.startswith(root) for root in untrusted_roots):
+            return False
+    return True
+
+
 def make_pch(ninja_file: Path, settings: EvalSettings) -> bool:
     """Compile the registry header into a .gch with the flags of a build that just succeeded."""
     import shlex
@@ -63,6 +92,8 @@ def make_pch(ninja_file: Path, settings: EvalSettings) -> bool:
         post = shlex.split(variables.get("post_cflags", ""))
     except (OSError, ValueError):
         return False
+    if not _safe_command(cxx, cflags + post, (str(ninja_file.parent.parent), str(settings.cache_path()))):
+        return False
     folder.parent.mkdir(parents=True, exist_ok=True)
     lock = open(folder.parent / f"{folder.name}.lock", "w")
     try:
@@ -74,6 +105,7 @@ def make_pch(ninja_file: Path, settings: EvalSettings) -> bool:
         lock.close()
         return False
     staging = Path(tempfile.mkdtemp(prefix="pch-", dir=settings.cache_path()))
+    staging.chmod(0o755)  # a jailed build child (another uid) reads the header through a read-only bind
     try:
         shutil.copy(TEMPLATES / "binding_registry.h", staging / "binding_registry.h")
         command = cxx + cflags + ["-x", "c++-header", str(staging / "binding_registry.h"), "-o",

@@ -24,7 +24,10 @@ from pathlib import Path
 
 from cuda_agent.workspace import HARNESS_FILES, TEMPLATES
 
-from ..isolation.sandbox import Child, ChildFailed, child_guard
+from cuda_agent.jail import Bind
+
+from ..isolation.integrity import intact, seal
+from ..isolation.sandbox import Child, ChildFailed, child_guard, hand_over, own_uid
 from ..settings import EvalSettings
 from .diagnostics import parse_compiler_output
 from .flags import CXX_FLAGS, NVCC_FLAGS, torch_release
@@ -49,10 +52,18 @@ def build_key(sources: dict[str, bytes], settings: EvalSettings) -> str:
     }
     digest.update(json.dumps(meta, sort_keys=True).encode())
     for name in HARNESS_FILES:
-        digest.update(name.encode() + b"\0" + (TEMPLATES / name).read_bytes() + b"\0")
-    for rel in sorted(sources):
-        digest.update(rel.encode() + b"\0" + sources[rel] + b"\0")
+        _field(digest, name.encode())
+        _field(digest, (TEMPLATES / name).read_bytes())
+    _field(digest, str(len(sources)).encode())
+    for rel in sorted(sources):  # length-prefixed: no file name or content can pose as another's
+        _field(digest, rel.encode())
+        _field(digest, sources[rel])
     return digest.hexdigest()[:32]
+
+
+def _field(digest, data: bytes) -> None:
+    digest.update(len(data).to_bytes(8, "little"))
+    digest.update(data)
 
 
 def build_cache_dir(settings: EvalSettings) -> Path:
@@ -60,10 +71,17 @@ def build_cache_dir(settings: EvalSettings) -> Path:
 
 
 def _cached(entry: Path) -> BuildResult | None:
+    """The cache entry's result when its files match the digests the harness wrote beside them; a
+    tampered or unsealed entry is removed (and rebuilt by the caller)."""
     so = entry / SO_NAME
+    failed = entry / "compile_error.json"
+    if not (so.exists() or failed.exists()):
+        return None
+    if not (intact(so) if so.exists() else intact(failed)):
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
     if so.exists():
         return BuildResult("built", [], str(so), 0.0, True, entry.name)
-    failed = entry / "compile_error.json"
     if failed.exists():
         data = json.loads(failed.read_text())
         return BuildResult("compile_error", data["diagnostics"], None, 0.0, True, entry.name, data.get("log", ""))
@@ -124,8 +142,15 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
             "cuda_cflags": list(NVCC_FLAGS),
         }
         try:
-            with Child("build", work, env=build_env(settings), guard=child_guard(settings)) as child:
-                reply = child.request(request, timeout=settings.compile_timeout_s)
+            guard = child_guard(settings)
+            binds = (Bind(str(work), writable=True),) + ((Bind(str(pch.parent)),) if pch else ())
+            with own_uid(guard["jail"]) as jail:
+                if jail["enabled"]:
+                    hand_over(work, jail["uid"])
+                    if pch:  # made in a private temporary folder: readable by the jail's uid from now on
+                        pch.parent.chmod(0o755)
+                with Child("build", work, env=build_env(settings), guard={**guard, "jail": jail}, binds=binds) as child:
+                    reply = child.request(request, timeout=settings.compile_timeout_s)
         except ChildFailed as exc:
             seconds = time.perf_counter() - begin
             if exc.kind == "timeout":
@@ -143,7 +168,11 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
             diag = parse_compiler_output(text, roots=[str(src)] + ([str(pch.parent)] if pch else []))
             _publish(work, entry, failure={"diagnostics": diag, "log": text[-20000:]})
             return BuildResult("compile_error", diag, None, seconds, False, key, text)
-        shutil.copy(reply["so_path"], work / SO_NAME)
+        built = sorted((work / "build").glob("cuda_extension*.so"))  # never a path the child names
+        if not built or built[0].is_symlink() or not built[0].is_file():
+            diag = [{"file": None, "line": None, "message": "the build produced no cuda_extension library"}]
+            return BuildResult("compile_error", diag, None, seconds, False, key)
+        shutil.copyfile(built[0], work / SO_NAME)
         if pch is None:
             make_pch(work / "build" / "build.ninja", settings)
         _publish(work, entry)
@@ -159,8 +188,10 @@ def _publish(work: Path, entry: Path, failure: dict | None = None) -> None:
     staged.mkdir()
     if failure is not None:
         (staged / "compile_error.json").write_text(json.dumps(failure))
+        seal(staged / "compile_error.json")
     else:
         os.replace(work / SO_NAME, staged / SO_NAME)
+        seal(staged / SO_NAME)
     try:
         os.rename(staged, entry)
     except OSError:

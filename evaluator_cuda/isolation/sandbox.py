@@ -3,14 +3,25 @@
 A child is `python -m evaluator_cuda.roles.child <role>` in its own session (process group), with
 resource limits, its stdout/stderr going to a log file that is never parsed for a verdict,
 and one end of a socket pair the parent owns as its only channel (see wire.py). On timeout
-the whole process group is killed. An untrusted child also gets rlimits (memory, processes,
-CPU time, file size, open files) and, where `unshare` works, its own network namespace
-(protections() records what applied). EvaluationSlot / StandbySlots start an evaluation's two
-children ahead of their work, warming (torch imported, CUDA context made).
+the whole process group is killed.
+
+An untrusted child (the candidate and the build child) starts in cuda_agent.jail's jail: a uid
+of its own, its own mount/pid/network/IPC/UTS namespaces, no capabilities, no_new_privs,
+seccomp, rlimits and a fixed environment. It sees read-only system folders, the Python
+installation, the evaluator's own code (read-only: the child's entry point) and the folders
+its Child is given (the candidate: its solution copy and its extension, read-only; the build
+child: its build folder, writable), a private /tmp and nothing else. child_guard() decides from
+the settings whether the jail is used and required; protections() records what applied.
+Without the jail (settings.jail_children False, or a machine that cannot build it while it
+is not required) the child gets rlimits and, where `unshare` works, its own network namespace.
+EvaluationSlot / StandbySlots start an evaluation's two children ahead of their work,
+warming (torch imported, CUDA context made).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import resource
 import shutil
@@ -22,6 +33,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import cuda_agent.jail as jail_mod
+from cuda_agent.jail import uids as jail_uids
 
 from . import wire
 
@@ -143,35 +157,61 @@ class Child:
         log_name: str | None = None,
         file_size_limit: int = DEFAULT_FILE_SIZE_LIMIT,
         guard: dict | None = None,
+        binds: tuple = (),
     ):
-        """`guard`: protections() for an untrusted child (rlimits, network namespace); None: plain limits."""
+        """`guard`: child_guard() for an untrusted child (the jail, or rlimits and a network
+        namespace); None: plain limits. `binds`: what a jailed child sees besides the system,
+        Python and the evaluator's code (jail.Bind; the working folder is not shown unless bound)."""
         self.role = role
         self.workdir = Path(workdir)
         self.log_path = self.workdir / (log_name or f"{role}.log")
         parent_sock, child_sock = socket.socketpair()
         self.sock = parent_sock
-        child_env = dict(os.environ)
-        child_env.update(env or {})
-        child_env[CHANNEL_FD_ENV] = str(child_sock.fileno())
         guard = guard or {}
+        jail_settings = guard.get("jail") or {}
+        jailed = bool(jail_settings.get("enabled"))
         procs = guard.get("extra_processes") or 0
-        procs = procs if isinstance(procs, int) else 0
+        procs = procs if isinstance(procs, int) and not jailed else 0  # jailed: RLIMIT_NPROC of its own uid
         limits = (file_size_limit, DEFAULT_OPEN_FILES_LIMIT, guard.get("memory_bytes") or 0, procs,
                   guard.get("cpu_seconds") or 0)
+        if jailed:  # the jail sets memory, processes and CPU time (hard limits the child cannot raise)
+            limits = (min(file_size_limit, jail_settings.get("file_size_bytes") or file_size_limit),
+                      DEFAULT_OPEN_FILES_LIMIT, 0, 0, 0)
+        child_env = {} if jailed else dict(os.environ)
+        child_env.update(env or {})
+        child_env[CHANNEL_FD_ENV] = str(child_sock.fileno())
         child_env[LIMITS_ENV] = ",".join(str(limit) for limit in limits)
         child_env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+        argv = [sys.executable, "-m", "evaluator_cuda.roles.child", role]
+        popen_env, cwd, self.protections = child_env, str(self.workdir), None
+        self._claimed_uid = None  # a uid of its own, claimed here, released (with its processes) by kill()
+        if jailed and not jail_settings.get("uid"):
+            self._claimed_uid = jail_uids.claim_uid(int(jail_settings["uid_base"]))
+            jail_settings = {**jail_settings, "uid": self._claimed_uid}
+        if jailed:
+            shown = any(Path(b.target or b.source) == self.workdir for b in binds)
+            command = jail_mod.jail_command(_jail_spec(jail_settings, child_env, binds, child_sock.fileno(),
+                                                      cwd=str(self.workdir) if shown else "/tmp"), argv)
+            argv, popen_env, self.protections = command.argv, command.env, command.protections
+        else:
+            argv = [*guard.get("command_prefix", []), *argv]
         self._log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
-                [*guard.get("command_prefix", []), sys.executable, "-m", "evaluator_cuda.roles.child", role],
-                cwd=str(self.workdir),
-                env=child_env,
+                argv,
+                cwd=cwd,
+                env=popen_env,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
                 pass_fds=(child_sock.fileno(),),
                 start_new_session=True,
             )
+        except BaseException:
+            self._log.close()
+            parent_sock.close()
+            self._release_uid()
+            raise
         finally:
             child_sock.close()
 
@@ -235,6 +275,13 @@ class Child:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        self._release_uid()
+
+    def _release_uid(self) -> None:
+        """Kill whatever still runs as the child's own uid and give the uid back."""
+        if self._claimed_uid is not None:
+            uid, self._claimed_uid = self._claimed_uid, None
+            jail_uids.release_uid(uid)
 
     def close(self) -> None:
         """Ask politely, then kill the group."""
@@ -256,6 +303,51 @@ class Child:
 
 
 HOST_CHILD_MEMORY_BYTES = 32 * 1024**3
+# The folders holding the evaluator's own code: shown read-only to a jailed child (its entry point).
+HARNESS_PACKAGES = (Path(__file__).resolve().parents[1], Path(jail_mod.__file__).resolve().parents[1])
+HARNESS_ROOT = str(HARNESS_PACKAGES[0].parent)
+# Variables a jailed child may get from its Child's env (everything else is dropped); those naming
+# cache folders of the host are pointed inside the jail's private /tmp instead.
+JAIL_ENV_KEEP = (CHANNEL_FD_ENV, LIMITS_ENV, "CUDA_AGENT_CHILD_WARM", "CUDA_AGENT_BINDING_RUNTIME",
+                 "TORCH_CUDA_ARCH_LIST", "PYTHONDONTWRITEBYTECODE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+JAIL_ENV_FIXED = {
+    "PYTHONPATH": HARNESS_ROOT,
+    "PYTHONNOUSERSITE": "1",
+    "TORCH_EXTENSIONS_DIR": "/tmp/torch_extensions",
+    "XDG_CACHE_HOME": "/tmp/.cache",
+    "TRITON_CACHE_DIR": "/tmp/.triton",
+    "CUDA_CACHE_PATH": "/tmp/.nv",
+    "TMPDIR": "/tmp",
+}
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (None where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def child_memory_limit(settings) -> int:
+    """The address-space limit of an untrusted child: the setting (host default 32 GiB) but never
+    more than the memory the machine has available now; 0 (none) on CUDA unless set."""
+    memory = settings.child_memory_bytes
+    if memory is None:
+        memory = HOST_CHILD_MEMORY_BYTES if settings.backend == "host" else 0
+    available = available_memory_bytes()
+    if memory and available:  # whole GiB: a warm standby slot stays usable while free memory drifts
+        memory = min(memory, max(1024**3, available // 1024**3 * 1024**3))
+    return memory
+
+
+def require_jail_default() -> bool:
+    """Where nothing is said: the jail is required on Linux when running as root."""
+    return sys.platform.startswith("linux") and os.geteuid() == 0
 
 
 def child_guard(settings) -> dict:
@@ -264,10 +356,95 @@ def child_guard(settings) -> dict:
     No address-space limit on CUDA by default: the driver reserves far more virtual memory
     than it uses, so RLIMIT_AS would break every CUDA child.
     """
-    memory = settings.child_memory_bytes
-    if memory is None:
-        memory = HOST_CHILD_MEMORY_BYTES if settings.backend == "host" else 0
-    return protections(memory, settings.child_max_processes, settings.child_cpu_seconds, settings.isolate_network)
+    memory = child_memory_limit(settings)
+    guard = protections(memory, settings.child_max_processes, settings.child_cpu_seconds,
+                        settings.isolate_network and not settings.jail_children)
+    require = settings.require_jail if settings.require_jail is not None else require_jail_default()
+    if settings.jail_children:
+        guard["jail"] = {
+            "enabled": True, "require": bool(require), "uid_base": settings.jail_uid_base,
+            "gpu": settings.backend == "cuda", "memory_bytes": memory, "processes": settings.child_max_processes,
+            "cpu_seconds": settings.child_cpu_seconds, "file_size_bytes": DEFAULT_FILE_SIZE_LIMIT,
+            "open_files": DEFAULT_OPEN_FILES_LIMIT, "tmp_bytes": settings.jail_tmp_bytes,
+        }
+        guard["network"] = "namespace (the jail's)"
+        guard["extra_processes"] = f"{settings.child_max_processes} (RLIMIT_NPROC of the jail's own uid)"
+        guard["solution_read_only"] = "read-only bind in the jail, unprivileged uid"
+        guard["command_prefix"] = []
+        spec = _jail_spec(guard["jail"], {}, (), None)
+        try:
+            guard["jail_protections"] = jail_mod.protections(spec)
+        except jail_mod.JailUnavailable as exc:
+            guard["jail_protections"] = {"jail": "unavailable", "missing": [str(exc)]}
+    else:
+        guard["jail"] = {"enabled": False, "reason": "disabled by the settings (jail_children=False)"}
+    return guard
+
+
+@contextlib.contextmanager
+def own_uid(jail_settings: dict | None):
+    """`jail_settings` (child_guard()["jail"]) with a uid claimed for this holder alone: jails that
+    shared a uid would share RLIMIT_NPROC (one busy jail starves the others' forks) and each other's
+    files. On exit the uid's remaining processes are killed and the claim freed. Unchanged when the
+    jail is off or a uid is set already."""
+    if not (jail_settings and jail_settings.get("enabled")) or jail_settings.get("uid"):
+        yield jail_settings
+        return
+    uid = jail_uids.claim_uid(int(jail_settings["uid_base"]))
+    try:
+        yield {**jail_settings, "uid": uid}
+    finally:
+        jail_uids.release_uid(uid)
+
+
+def hand_over(folder: Path, uid: int) -> None:
+    """A folder (and everything in it) to a jail's uid, which writes its output there."""
+    for path in [folder, *folder.rglob("*")]:
+        os.chown(path, uid, uid, follow_symlinks=False)
+
+
+def jailed_command(jail_settings: dict, argv: list[str], binds: tuple, cwd: str,
+                   memory_bytes: int | None = None,
+                   file_size_bytes: int | None = None) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of a one-shot untrusted command (a compiler on a candidate's sources) in the
+    jail of `jail_settings` (child_guard()["jail"]), seeing `binds` and the usual read-only
+    folders; the caller starts it in its own session and kills the session on timeout."""
+    if not jail_settings.get("uid"):
+        raise ValueError("a jailed command needs a uid of its own (own_uid)")
+    settings = dict(jail_settings)
+    if memory_bytes:
+        settings["memory_bytes"] = min(memory_bytes, settings.get("memory_bytes") or memory_bytes)
+    if file_size_bytes:
+        settings["file_size_bytes"] = file_size_bytes
+    settings["gpu"] = False
+    spec = _jail_spec(settings, {}, binds, None, cwd=cwd)
+    spec = dataclasses.replace(spec, die_with_parent=True)  # the starting thread waits for it
+    command = jail_mod.jail_command(spec, argv)
+    return command.argv, command.env
+
+
+def _jail_spec(settings: dict, env: dict[str, str], binds: tuple, channel_fd: int | None,
+               cwd: str | None = None) -> "jail_mod.JailSpec":
+    """The jail of one untrusted child (see the module docstring)."""
+    kept = {k: v for k, v in env.items() if k in JAIL_ENV_KEEP}
+    python_bin = os.path.dirname(sys.executable)
+    path = python_bin + ":" + jail_mod.DEFAULT_PATH
+    gpu = bool(settings.get("gpu"))
+    all_binds = (*jail_mod.python_binds(), *(jail_mod.Bind(str(p)) for p in HARNESS_PACKAGES), *binds)
+    if gpu:
+        all_binds = (*all_binds, *jail_mod.nvidia_library_binds())
+    memory = settings.get("memory_bytes") or None
+    limits = jail_mod.Limits(address_space_bytes=memory, data_bytes=memory, processes=settings.get("processes"),
+                             file_size_bytes=settings.get("file_size_bytes"), open_files=settings.get("open_files"),
+                             cpu_seconds=settings.get("cpu_seconds") or None)
+    return jail_mod.JailSpec(
+        binds=tuple(all_binds), uid=int(settings.get("uid") or settings.get("uid_base") or jail_mod.NOBODY), cwd=cwd,
+        env={**kept, **JAIL_ENV_FIXED}, path=path, limits=limits,
+        devices=jail_mod.gpu_devices() if gpu else (), tmp_bytes=int(settings.get("tmp_bytes") or 256 * 1024**2),
+        pass_fds=(channel_fd,) if channel_fd is not None else (),
+        die_with_parent=threading.current_thread() is threading.main_thread(),
+        require=bool(settings.get("require")),
+    )
 
 
 # --- Children started ahead of time -------------------------------------------------------
@@ -317,7 +494,11 @@ def _slot_key(env: dict[str, str], guard: dict) -> tuple:
     merged = dict(os.environ)
     merged.update(env)
     merged.pop(CHANNEL_FD_ENV, None)
-    limits = tuple(sorted((k, str(v)) for k, v in guard.items() if k != "command_prefix"))
+    # The memory limit follows the machine's free memory (child_memory_limit): a standby slot started
+    # a moment earlier keeps its own, so it is not part of the key.
+    stable = {k: v for k, v in guard.items() if k not in ("command_prefix", "memory_bytes", "jail_protections")}
+    stable["jail"] = {k: v for k, v in (guard.get("jail") or {}).items() if k != "memory_bytes"}
+    limits = tuple(sorted((k, str(v)) for k, v in stable.items()))
     return (sys.executable, tuple(sorted(merged.items())), tuple(guard.get("command_prefix", [])), limits)
 
 
@@ -330,13 +511,16 @@ class EvaluationSlot:
         self.env, self.guard, self.device_type = dict(env), dict(guard), device_type
         self.workdir = Path(tempfile.mkdtemp(prefix=SLOT_PREFIX))
         (self.workdir / "solution").mkdir()
+        self.extension_dir = self.workdir / "extension"  # the built extension's copy, for the candidate's eyes
+        self.extension_dir.mkdir()
         self.started_at = time.monotonic()
         self.used = False  # set once a request reached either child: from then on, never reused
         warm_env = {**env, WARM_ENV: device_type}
         self.reference = Child("reference", self.workdir, env={**warm_env, SLOT_DIR_ENV: str(self.workdir)})
         try:
             self.candidate = Child("candidate", self.workdir / "solution", env=warm_env, log_name="../candidate.log",
-                                   guard=guard)
+                                   guard=guard, binds=(jail_mod.Bind(str(self.workdir / "solution")),
+                                                       jail_mod.Bind(str(self.extension_dir))))
         except BaseException:
             self.reference.close()
             raise
@@ -401,9 +585,10 @@ class StandbySlots:
 
     def give_back(self, slot: EvaluationSlot) -> None:
         """Keep an unused slot as the standby (an evaluation that ended before its children ran)."""
-        expected = ("solution", "reference.log", "candidate.log")
+        expected = ("solution", "extension", "reference.log", "candidate.log")
         leftovers = [p for p in slot.workdir.iterdir() if p.name not in expected] if slot.workdir.exists() else []
-        if slot.used or leftovers or any(slot.workdir.joinpath("solution").iterdir()) or not slot.alive():
+        used_dirs = any(any(slot.workdir.joinpath(d).iterdir()) for d in ("solution", "extension"))
+        if slot.used or leftovers or used_dirs or not slot.alive():
             slot.close()
             return
         with self._lock:

@@ -8,8 +8,10 @@ extension is refused, and times it. It never sees a seed or a reference output.
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -101,6 +103,10 @@ class CandidateRole:
         self.require_extension = req["format"] != "reference" and self.block_torch
         if req["format"] == "kernelbench":  # it builds its own extension (torch.utils.cpp_extension is slow to import)
             _count_built_extensions(self.extension_calls)
+        if req.get("binding_runtime"):  # the runtime's copy beside the extension (the cache is not in view)
+            from ..extension.fast.binding_runtime import RUNTIME_ENV
+
+            os.environ[RUNTIME_ENV] = req["binding_runtime"]
         if req.get("extension_path"):
             try:
                 count_extension_calls(load_extension_module(req["extension_path"], req.get("fast_cache_dir")),

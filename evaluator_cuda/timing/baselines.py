@@ -13,6 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from ..isolation.integrity import intact, seal
+
 
 def baseline_key(task_source: str, device_name: str, torch_version: str, compile_mode: str, protocol: dict) -> str:
     blob = json.dumps(
@@ -33,6 +35,10 @@ class BaselineCache:
         return self.root / f"{key}.json"
 
     def get(self, key: str) -> dict | None:
+        """The entry when it matches the digest the harness wrote beside it (isolation/integrity.py);
+        a tampered or unsealed entry is removed and measured again."""
+        if not self.path(key).exists() or not intact(self.path(key)):
+            return None
         try:
             data = json.loads(self.path(key).read_text())
         except (OSError, ValueError):
@@ -44,4 +50,6 @@ class BaselineCache:
         fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
         with os.fdopen(fd, "w") as handle:
             json.dump(baselines, handle, indent=1)
+        seal(Path(tmp))
+        os.replace(tmp + ".sha256", str(self.path(key)) + ".sha256")
         os.replace(tmp, self.path(key))

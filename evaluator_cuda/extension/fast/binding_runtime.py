@@ -56,7 +56,7 @@ def runtime_key() -> str:
 
 
 def _cache_root(cache_dir: Path | str | None) -> Path:
-    from .builder import default_cache_dir
+    from .stage import default_cache_dir
 
     return Path(cache_dir) if cache_dir else default_cache_dir()
 

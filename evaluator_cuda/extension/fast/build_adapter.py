@@ -12,6 +12,7 @@ full builds).
 
 from __future__ import annotations
 
+from ...isolation.sandbox import child_guard
 from ..result import BuildResult
 from .builder import build_fast
 
@@ -30,6 +31,7 @@ def fast_build_workspace(files: dict[str, bytes], settings, lookup_only: bool = 
         arch_list=settings.arch_list,
         timeout_s=settings.compile_timeout_s,
         lookup_only=lookup_only,
+        jail=child_guard(settings)["jail"],
     )
     if result is None or result.fallback_reason:
         return None

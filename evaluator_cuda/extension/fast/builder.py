@@ -19,20 +19,18 @@ import dataclasses
 import functools
 import json
 import os
-import resource
 import shutil
-import signal
-import subprocess
-import tempfile
 import time
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ...isolation.integrity import intact
 from ..diagnostics import parse_compiler_output
 from ..flags import CXX_FLAGS, NVCC_FLAGS  # the torch build's flags
 from ..sources import HEADER_SUFFIXES, select_sources  # one rule for both build paths
 from .compile_errors import INCLUDE_DIR, link_gap_reason, shim_gap_reason
+from .stage import BuildCache, clean_log, default_cache_dir, run_compiler, stage_copy, stage_pch, staging_folder
 from .toolchain import (
     EXTENSION_DEFINES,
     TORCH_NVCC_DEFINES,
@@ -156,7 +154,7 @@ def ensure_precompiled_header(cache_root: Path, flags: list[str], toolchain: Too
             shutil.copy(PCH_HEADER, tmp_header)
             os.replace(tmp_header, header)
         tmp_gch = folder / f".{gch.name}.{os.getpid()}.tmp"
-        code, _ = _run([toolchain.cxx, *flags, "-x", "c++-header", str(header), "-o", str(tmp_gch)], folder, timeout_s)
+        code, _ = run_compiler([toolchain.cxx, *flags, "-x", "c++-header", str(header), "-o", str(tmp_gch)], folder, timeout_s)
         if code != 0 or not tmp_gch.exists():
             tmp_gch.unlink(missing_ok=True)
             return None
@@ -179,72 +177,47 @@ def link_libraries(toolchain: Toolchain, backend: str, sources: dict[str, bytes]
     return libs
 
 
-class _Cache:
-    """Objects and libraries on disk under their content hash; failures as JSON next to them."""
+@dataclasses.dataclass(frozen=True)
+class BuildPlan:
+    """What a solution compiles to: its units, their flags and keys, and the library's key."""
 
-    def __init__(self, root: Path):
-        self.root = root
+    backend: str
+    toolchain: Toolchain
+    sources: dict[str, bytes]
+    units: list[CompileUnit]
+    flags: dict[str, list[str]]
+    unit_keys: dict[str, str]
+    libs: list[str]
+    key: str
 
-    def object_path(self, key: str) -> Path:
-        return self.root / "obj" / key[:2] / f"{key}.o"
-
-    def failure_path(self, key: str) -> Path:
-        return self.root / "obj" / key[:2] / f"{key}.error.json"
-
-    def library_dir(self, key: str) -> Path:
-        return self.root / "lib" / key
-
-    def publish(self, staged: Path, final: Path) -> None:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged, final)  # atomic; a concurrent identical build writes identical bytes
-
-    def write_json(self, final: Path, data: dict) -> None:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, final)
+    def uses_pch(self) -> bool:
+        return any(u.role in ("binding", "harness") for u in self.units)
 
 
-def default_cache_dir() -> Path:
-    from ...settings import cache_root
-
-    return cache_root() / "fastbuild"
-
-
-def _clean_log(text: str, stage: Path) -> str:
-    """Compiler output with the staging folder and the slim-header folder shown as short names."""
-    return text.replace(str(stage) + "/", "").replace(str(INCLUDE_DIR) + "/", "<slim-torch>/")
-
-
-# Limits of one compiler process group (a hostile source can make a compiler loop, eat memory or write a huge file).
-COMPILER_MEMORY_BYTES = 24 * 1024**3  # address space; nvcc's cicc/ptxas stay far below this on real kernels
-COMPILER_FILE_BYTES = 2 * 1024**3
-
-
-def _limit_compiler(pid: int) -> None:
-    """Memory and file-size limits on a started compiler (prlimit: no preexec_fn, which is unsafe with threads)."""
+def plan_build(files: dict[str, bytes], backend: str, arch_list: str | None) -> BuildPlan | FastBuildResult:
+    """The build plan of a solution, or the result that ends the build before it starts (no
+    binding to register; no toolchain: a fallback)."""
+    sources = select_sources(files, backend)
+    if not any(Path(rel).name.endswith("_binding.cpp") for rel in sources):
+        message = "no kernels/*_binding.cpp: nothing registers a function with REGISTER_BINDING"
+        return FastBuildResult(False, None, [{"file": "kernels/", "line": None, "message": message}], 0.0, False)
     try:
-        resource.prlimit(pid, resource.RLIMIT_AS, (COMPILER_MEMORY_BYTES, COMPILER_MEMORY_BYTES))
-        resource.prlimit(pid, resource.RLIMIT_FSIZE, (COMPILER_FILE_BYTES, COMPILER_FILE_BYTES))
-    except (OSError, ValueError):
-        pass  # already exited, or limits not allowed here: the timeout still applies
-
-
-def _run(cmd: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
-    """Run a compiler in its own process group with memory/file limits; the whole group dies on timeout."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    _limit_compiler(proc.pid)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-        return 124, f"error: compilation exceeded the {timeout:.0f} s compile timeout"
-    return proc.returncode, out
+        toolchain = find_toolchain(backend)
+    except ToolchainMissing as exc:
+        return FastBuildResult(False, None, [], 0.0, False, fallback_reason=str(exc))
+    arch = resolve_arch_list(arch_list) if backend == "cuda" else ""
+    units = plan_units(sources, backend)
+    header_parts = [part for rel, data in sorted(sources.items()) if Path(rel).suffix in HEADER_SUFFIXES
+                    for part in (rel, data)]
+    common = [FAST_BUILDER_VERSION, backend, toolchain.identity(), slim_headers_digest()]
+    flags = {"cxx": cxx_flags(toolchain, backend)}
+    if backend == "cuda":
+        flags["nvcc"] = nvcc_flags(toolchain, arch)
+    unit_keys = {u.rel: digest_of(*common, " ".join(flags[u.compiler]), u.rel, u.source,
+                                  *(header_parts if u.role != "harness" else [])) for u in units}
+    libs = link_libraries(toolchain, backend, sources)
+    key = digest_of(*common, arch, " ".join(libs), *[unit_keys[u.rel] for u in units])
+    return BuildPlan(backend, toolchain, sources, units, flags, unit_keys, libs, key)
 
 
 def build_fast(
@@ -256,111 +229,119 @@ def build_fast(
     timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
     use_pch: bool = True,
     lookup_only: bool = False,
+    jail: dict | None = None,
 ) -> FastBuildResult | None:
     """Build a workspace solution (a folder, or {relpath: bytes}) into a fast-path cuda_extension library.
 
     use_pch: force-include the precompiled slim headers into bindings (built on first use, then shared).
     lookup_only: return the cached library if there is one, else None without compiling anything (lets a
     caller answer cache hits in-process and send misses to a sandboxed build child).
+    jail: sandbox.child_guard()["jail"]: compile and link the candidate's units in the jail, under a uid
+    claimed for this build (the staging folder is all they see of the cache: the precompiled header and
+    cached objects are copied in).
     """
     begin = time.perf_counter()
     files = solution if isinstance(solution, dict) else read_solution(Path(solution))
-    sources = select_sources(files, backend)
-    if not any(Path(rel).name.endswith("_binding.cpp") for rel in sources):
-        message = "no kernels/*_binding.cpp: nothing registers a function with REGISTER_BINDING"
-        return FastBuildResult(False, None, [{"file": "kernels/", "line": None, "message": message}],
-                               time.perf_counter() - begin, False)
-    try:
-        toolchain = find_toolchain(backend)
-    except ToolchainMissing as exc:
-        return FastBuildResult(False, None, [], time.perf_counter() - begin, False, fallback_reason=str(exc))
-    arch = resolve_arch_list(arch_list) if backend == "cuda" else ""
-    cache = _Cache(Path(cache_dir) if cache_dir else default_cache_dir())
-    units = plan_units(sources, backend)
-    headers = [(rel, data) for rel, data in sorted(sources.items()) if Path(rel).suffix in HEADER_SUFFIXES]
-    header_parts = [part for rel, data in headers for part in (rel, data)]
-    common = [FAST_BUILDER_VERSION, backend, toolchain.identity(), slim_headers_digest()]
-    flags = {"cxx": cxx_flags(toolchain, backend)}
-    if backend == "cuda":
-        flags["nvcc"] = nvcc_flags(toolchain, arch)
-    unit_keys = {
-        u.rel: digest_of(*common, " ".join(flags[u.compiler]), u.rel, u.source,
-                         *(header_parts if u.role != "harness" else []))
-        for u in units
-    }
-    libs = link_libraries(toolchain, backend, sources)
-    key = digest_of(*common, arch, " ".join(libs), *[unit_keys[u.rel] for u in units])
-    library = cache.library_dir(key) / SO_NAME
-    if library.exists():
-        return FastBuildResult(True, str(library), [], time.perf_counter() - begin, True, key=key,
-                               units=[{"file": u.rel, "seconds": 0.0, "cache_hit": True} for u in units])
+    plan = plan_build(files, backend, arch_list)
+    if isinstance(plan, FastBuildResult):
+        return dataclasses.replace(plan, seconds=time.perf_counter() - begin)
+    cache = BuildCache(Path(cache_dir) if cache_dir else default_cache_dir())
+    library = cache.library_dir(plan.key) / SO_NAME
+    if library.exists() and intact(library):
+        return FastBuildResult(True, str(library), [], time.perf_counter() - begin, True, key=plan.key,
+                               units=[{"file": u.rel, "seconds": 0.0, "cache_hit": True} for u in plan.units])
     if lookup_only:
         return None
+    from ...isolation.sandbox import own_uid
 
-    stage_root = cache.root / "stage"
-    stage_root.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f"{key[:12]}-", dir=stage_root))
-    try:
-        for rel, data in sources.items():
-            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
-            (stage / rel).write_bytes(data)
-        (stage / "harness").mkdir()
-        shutil.copy(HARNESS_SOURCE, stage / "harness" / HARNESS_SOURCE.name)
-
-        def compile_unit(unit: CompileUnit) -> dict:
-            ukey = unit_keys[unit.rel]
-            obj, failure = cache.object_path(ukey), cache.failure_path(ukey)
-            if obj.exists():
-                return {"file": unit.rel, "seconds": 0.0, "cache_hit": True, "object": str(obj)}
-            if failure.exists():
-                record = json.loads(failure.read_text())
-                return {"file": unit.rel, "seconds": 0.0, "cache_hit": True, "error": record["log"]}
-            src = stage / ("harness/" + HARNESS_SOURCE.name if unit.role == "harness" else unit.rel)
-            tmp_obj = stage / "obj" / f"{ukey}.o"
-            tmp_obj.parent.mkdir(exist_ok=True)
-            exe = toolchain.nvcc if unit.compiler == "nvcc" else toolchain.cxx
-            extra = []
-            if unit.role in ("binding", "harness") and use_pch:
-                header = ensure_precompiled_header(cache.root, flags["cxx"], toolchain, timeout_s)
-                extra = ["-include", str(header), "-Winvalid-pch"] if header else []
-            cmd = [exe, *flags[unit.compiler], *extra, "-c", str(src), "-o", str(tmp_obj)]
-            t0 = time.perf_counter()
-            code, text = _run(cmd, stage, timeout_s)
-            seconds = time.perf_counter() - t0
-            if code != 0 or not tmp_obj.exists():
-                log = _clean_log(text, stage).replace("harness/" + HARNESS_SOURCE.name, HARNESS_REL)
-                if code != 124:  # a timeout may be the machine's fault: do not cache it
-                    cache.write_json(failure, {"log": log})
-                return {"file": unit.rel, "seconds": seconds, "cache_hit": False, "error": log}
-            cache.publish(tmp_obj, obj)
-            return {"file": unit.rel, "seconds": seconds, "cache_hit": False, "object": str(obj)}
-
-        workers = max(1, min(len(units), jobs or os.cpu_count() or 1))
+    with own_uid(jail) as jail, staging_folder(cache, plan.key) as stage:
+        pch = _prepare_stage(plan, cache, stage, jail, use_pch, timeout_s)
+        workers = max(1, min(len(plan.units), jobs or os.cpu_count() or 1))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            outcomes = list(pool.map(compile_unit, units))
+            outcomes = list(pool.map(lambda u: _compile_unit(u, plan, cache, stage, pch, jail, timeout_s),
+                                     plan.units))
         report = [{k: o[k] for k in ("file", "seconds", "cache_hit")} for o in outcomes]
-        failed = [(u, o) for u, o in zip(units, outcomes) if "error" in o]
+        failed = [(u, o) for u, o in zip(plan.units, outcomes) if "error" in o]
         if failed:
-            return _compile_failure(failed, report, begin, key)
+            return _compile_failure(failed, report, begin, plan.key)
+        return _link(plan, cache, stage, [o["object"] for o in outcomes], report, jail, timeout_s, begin)
 
-        version_script = stage / "exports.map"
-        version_script.write_text("{ global: " + "; ".join(EXPORTED_SYMBOLS) + "; local: *; };\n")
-        tmp_so = stage / SO_NAME
-        cmd = [toolchain.cxx, "-shared", "-o", str(tmp_so), *[o["object"] for o in outcomes],
-               f"-Wl,--version-script={version_script}", "-Wl,--no-undefined", *libs, "-ldl"]
-        t0 = time.perf_counter()
-        code, text = _run(cmd, stage, timeout_s)
-        report.append({"file": "<link>", "seconds": time.perf_counter() - t0, "cache_hit": False})
-        if code != 0 or not tmp_so.exists():
-            log = _clean_log(text, stage)
-            reason = link_gap_reason(log)
-            diagnostics = parse_compiler_output(log)
-            return FastBuildResult(False, None, diagnostics, time.perf_counter() - begin, False,
-                                   fallback_reason=reason, key=key, log=log, units=report)
-        cache.publish(tmp_so, library)
-        return FastBuildResult(True, str(library), [], time.perf_counter() - begin, False, key=key, units=report)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+
+def _jailed(jail: dict | None) -> bool:
+    return bool(jail and jail.get("enabled"))
+
+
+def _prepare_stage(plan: BuildPlan, cache: BuildCache, stage: Path, jail: dict | None, use_pch: bool,
+                   timeout_s: float) -> Path | None:
+    """The sources, the harness and the object folder in the staging folder (handed to the jail's
+    uid); returns the precompiled header bindings force-include (None: none)."""
+    for rel, data in plan.sources.items():
+        (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+        (stage / rel).write_bytes(data)
+    (stage / "harness").mkdir()
+    shutil.copy(HARNESS_SOURCE, stage / "harness" / HARNESS_SOURCE.name)
+    (stage / "obj").mkdir()
+    header = None
+    if use_pch and plan.uses_pch():
+        header = ensure_precompiled_header(cache.root, plan.flags["cxx"], plan.toolchain, timeout_s)
+        if header and _jailed(jail):  # the jailed compiler sees the staging folder only
+            header = stage_pch(header, stage)
+    if _jailed(jail):
+        from ...isolation.sandbox import hand_over
+
+        hand_over(stage, jail["uid"])
+    return header
+
+
+def _compile_unit(unit: CompileUnit, plan: BuildPlan, cache: BuildCache, stage: Path, pch: Path | None,
+                  jail: dict | None, timeout_s: float) -> dict:
+    """One unit: from the cache (object or cached error), else compiled in the staging folder."""
+    ukey = plan.unit_keys[unit.rel]
+    obj, failure = cache.object_path(ukey), cache.failure_path(ukey)
+    if obj.exists() and intact(obj):
+        return {"file": unit.rel, "seconds": 0.0, "cache_hit": True, "object": str(obj)}
+    if failure.exists() and intact(failure):
+        return {"file": unit.rel, "seconds": 0.0, "cache_hit": True, "error": json.loads(failure.read_text())["log"]}
+    src = stage / ("harness/" + HARNESS_SOURCE.name if unit.role == "harness" else unit.rel)
+    tmp_obj = stage / "obj" / f"{ukey}.o"
+    exe = plan.toolchain.nvcc if unit.compiler == "nvcc" else plan.toolchain.cxx
+    extra = ["-include", str(pch), "-Winvalid-pch"] if pch and unit.role in ("binding", "harness") else []
+    t0 = time.perf_counter()
+    code, text = run_compiler([exe, *plan.flags[unit.compiler], *extra, "-c", str(src), "-o", str(tmp_obj)],
+                              stage, timeout_s, jail)  # the harness unit too: it shares the staging folder
+    seconds = time.perf_counter() - t0
+    if code != 0 or not tmp_obj.exists() or tmp_obj.is_symlink():
+        log = clean_log(text, stage).replace("harness/" + HARNESS_SOURCE.name, HARNESS_REL)
+        if code != 124:  # a timeout may be the machine's fault: do not cache it
+            cache.write_json(failure, {"log": log})
+        return {"file": unit.rel, "seconds": seconds, "cache_hit": False, "error": log}
+    cache.publish(tmp_obj, obj)
+    return {"file": unit.rel, "seconds": seconds, "cache_hit": False, "object": str(obj)}
+
+
+def _link(plan: BuildPlan, cache: BuildCache, stage: Path, objects: list[str], report: list[dict],
+          jail: dict | None, timeout_s: float, begin: float) -> FastBuildResult:
+    """Link the objects into the library (exporting only the harness's entry points) and publish it."""
+    version_script = stage / "exports.map"
+    version_script.write_text("{ global: " + "; ".join(EXPORTED_SYMBOLS) + "; local: *; };\n")
+    tmp_so = stage / SO_NAME
+    if _jailed(jail):  # the link sees its own copies of the objects, never the cache
+        objects = [stage_copy(Path(o), stage / "link" / f"{i}.o") for i, o in enumerate(objects)]
+    cmd = [plan.toolchain.cxx, "-shared", "-o", str(tmp_so), *objects,
+           f"-Wl,--version-script={version_script}", "-Wl,--no-undefined", *plan.libs, "-ldl"]
+    t0 = time.perf_counter()
+    code, text = run_compiler(cmd, stage, timeout_s, jail)
+    report.append({"file": "<link>", "seconds": time.perf_counter() - t0, "cache_hit": False})
+    if code != 0 or not tmp_so.exists():
+        log = clean_log(text, stage)
+        return FastBuildResult(False, None, parse_compiler_output(log), time.perf_counter() - begin, False,
+                               fallback_reason=link_gap_reason(log), key=plan.key, log=log, units=report)
+    if tmp_so.is_symlink() or not tmp_so.is_file():
+        return FastBuildResult(False, None, [{"file": None, "line": None, "message": "the link wrote no library"}],
+                               time.perf_counter() - begin, False, key=plan.key, units=report)
+    library = cache.library_dir(plan.key) / SO_NAME
+    cache.publish(tmp_so, library)
+    return FastBuildResult(True, str(library), [], time.perf_counter() - begin, False, key=plan.key, units=report)
 
 
 def _compile_failure(failed: list, report: list[dict], begin: float, key: str) -> FastBuildResult:
