@@ -250,3 +250,13 @@ def test_each_jailed_child_has_a_uid_of_its_own_and_gives_it_back(build_cache, t
         for child in children:
             child.close()
     assert not any((UID_CLAIMS_DIR / str(uid)).exists() for uid in uids)
+
+
+def test_the_jail_is_on_by_default_for_host_and_opt_in_for_cuda():
+    from evaluator_cuda.settings import EvalSettings
+
+    assert sandbox.jails_children(EvalSettings.for_backend("host"))
+    assert not sandbox.jails_children(EvalSettings.for_backend("cuda"))
+    assert sandbox.child_guard(EvalSettings.for_backend("cuda"))["jail"]["enabled"] is False
+    assert sandbox.jails_children(EvalSettings.for_backend("cuda", jail_children=True))
+    assert not sandbox.jails_children(EvalSettings.for_backend("host", jail_children=False))

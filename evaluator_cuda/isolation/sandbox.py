@@ -12,8 +12,9 @@ installation, the evaluator's own code (read-only: the child's entry point) and 
 its Child is given (the candidate: its solution copy and its extension, read-only; the build
 child: its build folder, writable), a private /tmp and nothing else. child_guard() decides from
 the settings whether the jail is used and required; protections() records what applied.
-Without the jail (settings.jail_children False, or a machine that cannot build it while it
-is not required) the child gets rlimits and, where `unshare` works, its own network namespace.
+Without the jail (jails_children() False: the setting, or the cuda backend's default; or a
+machine that cannot build it while it is not required) the child gets rlimits and, where
+`unshare` works, its own network namespace.
 EvaluationSlot / StandbySlots start an evaluation's two children ahead of their work,
 warming (torch imported, CUDA context made).
 """
@@ -350,6 +351,13 @@ def require_jail_default() -> bool:
     return sys.platform.startswith("linux") and os.geteuid() == 0
 
 
+def jails_children(settings) -> bool:
+    """Whether the candidate and build children are jailed: the setting, else on for host, off for cuda."""
+    if settings.jail_children is not None:
+        return bool(settings.jail_children)
+    return settings.backend != "cuda"
+
+
 def child_guard(settings) -> dict:
     """protections() for the candidate and build children of an evaluation with `settings`.
 
@@ -358,9 +366,9 @@ def child_guard(settings) -> dict:
     """
     memory = child_memory_limit(settings)
     guard = protections(memory, settings.child_max_processes, settings.child_cpu_seconds,
-                        settings.isolate_network and not settings.jail_children)
+                        settings.isolate_network and not jails_children(settings))
     require = settings.require_jail if settings.require_jail is not None else require_jail_default()
-    if settings.jail_children:
+    if jails_children(settings):
         guard["jail"] = {
             "enabled": True, "require": bool(require), "uid_base": settings.jail_uid_base,
             "gpu": settings.backend == "cuda", "memory_bytes": memory, "processes": settings.child_max_processes,
@@ -377,7 +385,8 @@ def child_guard(settings) -> dict:
         except jail_mod.JailUnavailable as exc:
             guard["jail_protections"] = {"jail": "unavailable", "missing": [str(exc)]}
     else:
-        guard["jail"] = {"enabled": False, "reason": "disabled by the settings (jail_children=False)"}
+        why = "jail_children=False" if settings.jail_children is False else "the cuda backend's default"
+        guard["jail"] = {"enabled": False, "reason": f"disabled by the settings ({why})"}
     return guard
 
 
