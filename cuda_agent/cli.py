@@ -12,6 +12,8 @@ import importlib
 
 import typer
 
+from cuda_agent.cli_style import plain_help
+
 app = typer.Typer(
     name="cuda-agent",
     help="Train LLM agents to write fast CUDA kernels, and grade those kernels honestly.",
@@ -30,6 +32,7 @@ def _register_all() -> None:
 
 
 _register_all()
+plain_help(app)
 
 
 @app.command("version")

@@ -25,6 +25,7 @@ from .extension.build import build_workspace
 from .extension.torch_build import build_env
 from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from .isolation.static_checks import check_solution_sources
+from .progress import say
 from .roles.errors import one_line
 from .settings import EvalSettings
 from .solutions import Solution, reference_solution
@@ -81,6 +82,7 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
     slot = None
     try:
         # The children start first, so that they warm while the sources are checked and built.
+        say("starting the sandboxed children")
         slot = _STANDBY.take(build_env(settings), child_guard(settings), settings.device_type())
         record["children_warm_s"] = round(time.monotonic() - slot.started_at, 4)
         _evaluate(task, solution, settings, artifact, record, slot)
@@ -138,10 +140,12 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
     record["sandbox"] = {k: v for k, v in slot.guard.items() if k != "command_prefix"}
     begin = time.perf_counter()
     with _children(slot) as (reference, candidate):
+        say("loading the reference and the candidate")
         loaded, seeds = _load(reference, candidate, task, solution, settings, extension, solution_dir, record)
         checks = _check_sets(reference, task, seeds, settings, record)
         _prepare(candidate, loaded, settings)
         timed = _timed_sets(reference, checks["inputs"], settings, record)
+        say("running the candidate's calls")
         calls = _run_calls(candidate, checks["inputs"], timed, settings, record)
         if _keep_warm:  # the timed calls are over: the next evaluation's children may start now
             _STANDBY.refill(slot.env, slot.guard, slot.device_type)
@@ -177,6 +181,7 @@ def _extension(solution: Solution, settings: EvalSettings, artifact: bytes | Non
         path.write_bytes(artifact)
         record["build"].update(seconds=0.0, cache_hit=True, key="artifact")
         return path
+    say("building the extension (a first build takes longer)")
     built = build_workspace(solution.files, settings)
     record["build"].update(seconds=round(built.build_seconds, 4), cache_hit=built.cache_hit, key=built.key)
     record["wall_s"]["build"] = round(built.build_seconds, 4)
@@ -431,6 +436,7 @@ def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dic
     baselines = cache.get(key)
     record["baseline_cache_hit"] = baselines is not None
     if baselines is None:
+        say("measuring the eager and torch.compile baselines (cached afterwards)")
         begin = time.perf_counter()
         request = {"cmd": "baselines", "compile_mode": settings.compile_mode, **protocol}
         measured = reply(reference, request, settings.child_timeout_s, harness=True)
