@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from .extension.build import build_workspace
+from .extension.diagnostics import located
 from .extension.torch_build import build_env
 from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from .isolation.static_checks import check_solution_sources
@@ -134,8 +135,10 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
               slot: EvaluationSlot) -> None:
     """The steps of one evaluation. Each returns what the later ones need and writes the record
     fields it decides; a step that reaches a verdict raises it."""
-    _check_sources(solution, settings)
+    waiting = _check_sources(solution, settings)
     extension = _extension(solution, settings, artifact, slot.workdir, record)
+    if waiting:  # it built: the names exist in torch's C++ API, and are torch compute
+        _reject(waiting)
     solution_dir = _read_only_copy(solution, task, slot.workdir / "solution")
     record["sandbox"] = {k: v for k, v in slot.guard.items() if k != "command_prefix"}
     begin = time.perf_counter()
@@ -160,14 +163,23 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
 # --- before the children: static checks, the build, the solution's read-only copy -----------
 
 
-def _check_sources(solution: Solution, settings: EvalSettings) -> None:
-    """Reject a solution whose sources hold a forbidden form, before anything is built."""
+def _check_sources(solution: Solution, settings: EvalSettings) -> list:
+    """Reject a solution whose sources hold a forbidden form, before anything is built. Returns the
+    findings that wait for the build: calls of names torch lacks, most likely typos the compiler names."""
     if solution.format == "reference" or not settings.static_checks:
-        return
+        return []
     findings = check_solution_sources(solution.files)
-    if findings:
-        diagnostics = [{"file": None, "line": None, "message": f.message} for f in findings]
-        raise rejection(findings[0].reason, findings[0].message, diagnostics)
+    if any(f.reason != "unknown_torch_name" for f in findings):
+        _reject(findings)
+    return findings
+
+
+def _reject(findings: list) -> None:
+    """The rejection of static findings, each a diagnostic with its file and line."""
+    diagnostics = [located(f.message) for f in findings]
+    first = next((f for f in findings if f.reason != "unknown_torch_name"), findings[0])
+    reason = "torch_compute_cpp" if first.reason == "unknown_torch_name" else first.reason
+    raise rejection(reason, first.message, diagnostics)
 
 
 def _extension(solution: Solution, settings: EvalSettings, artifact: bytes | None, workdir: Path,

@@ -66,4 +66,5 @@ def test_user_errors_are_one_line(tmp_path):
     result = runner.invoke(app, ["evaluate", str(good), str(tmp_path / "no_solution")])
     assert result.exit_code == 2 and "no such file or folder" in result.output and len(result.output.strip().splitlines()) == 1
     result = runner.invoke(app, ["bench", str(good), "--backend", "tpu"])
-    assert result.exit_code == 2 and result.output.strip() == "error: unknown backend 'tpu' (expected one of auto, cuda, host)"
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: unknown backend 'tpu' (expected one of auto, cuda, host)"

@@ -143,7 +143,7 @@ def write_reports(out_dir: Path, records: list[dict], main_records: list[dict], 
                                     indent=1, default=str))
     from .plot import plot_speedups
 
-    plot = plot_speedups(main_records, out_dir / "speedups.png", header_title(meta))
+    plot = plot_speedups(records, out_dir / "speedups.png", header_title(meta))
     md_path = out_dir / "report.md"
     md_path.write_text(markdown_report(records, metrics, meta, plot.name if plot else None))
     return {"json": str(json_path), "markdown": str(md_path), "plot": str(plot) if plot else None}
