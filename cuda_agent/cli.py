@@ -32,7 +32,6 @@ def _register_all() -> None:
 
 
 _register_all()
-plain_help(app)
 
 
 @app.command("version")
@@ -45,6 +44,9 @@ def version() -> None:
             typer.echo(f"{name} {pkg_version(name)}")
         except PackageNotFoundError:
             typer.echo(f"{name} (not installed)")
+
+
+plain_help(app)  # last: every command above shows its help the plain way
 
 
 def main() -> None:
