@@ -10,6 +10,8 @@ from typing import List, Optional
 import typer
 
 POLICIES = ("scripted", "cheat", "openai", "jax")
+BACKEND_HELP = ("Evaluator backend: auto | cuda | host (default: the config's, auto in agent.yaml: cuda when a GPU "
+                "is visible, else host).")
 
 
 def _fail(message: str) -> None:
@@ -110,14 +112,26 @@ def _make_policy_factory(policy: str, tokenizer, backend: str, solutions: Path |
     _fail(f"unknown policy {policy!r} (choose from {', '.join(POLICIES)})")
 
 
-def _config(config_name: str, backend: Optional[str], max_turns: Optional[int]):
+def _config(config_name: str, backend: Optional[str], max_turns: Optional[int], bridge: Optional[str] = None):
+    """The agent config with the overrides, its backend resolved on this machine (`auto` -> cuda or host).
+
+    With a local fleet (no --bridge) a backend this machine cannot run is refused up front; with a
+    remote broker an explicit cuda is kept (the workers are elsewhere) and `auto` follows this machine.
+    """
     from agent.config import load_agent_config
+    from cuda_agent.contracts import BackendError, resolve_backend
 
     try:
-        config = load_agent_config(config_name)
+        config = load_agent_config(config_name).with_overrides(backend=backend, max_turns=max_turns)
     except (FileNotFoundError, ValueError) as error:
         _fail(str(error))
-    return config.with_overrides(backend=backend, max_turns=max_turns)
+    try:
+        resolved = resolve_backend(config.backend)
+    except BackendError as error:
+        if bridge is None or config.backend != "cuda":
+            _fail(str(error))
+        resolved = config.backend
+    return config.with_overrides(backend=resolved)
 
 
 @contextlib.contextmanager
@@ -150,7 +164,7 @@ def solve(
     solutions: Optional[Path] = typer.Option(None, help="Solutions for the scripted policy (DIR/<backend>/<stem>)."),
     out: Optional[Path] = typer.Option(None, help="Episode directory (workspace/, transcript.md, result.json, solution/)."),
     config: str = typer.Option("agent_tiny", help="Agent config name under configs/ or a YAML path."),
-    backend: Optional[str] = typer.Option(None, help="Evaluator backend: host or cuda (default: from the config)."),
+    backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
     bridge: Optional[str] = typer.Option(None, help="Broker endpoint; default: start a local broker and workers."),
     tokenizer: Optional[str] = typer.Option(None, help="Model directory or tokenizer.json (default: built-in demo tokenizer)."),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint, e.g. http://host:8000/v1"),
@@ -166,7 +180,7 @@ def solve(
     from agent.episode import load_task, run_episode
     from agent.transcript import write_episode_outputs
 
-    cfg = _config(config, backend, max_turns)
+    cfg = _config(config, backend, max_turns, bridge)
     try:
         the_task = load_task(task)
     except FileNotFoundError as error:
@@ -203,14 +217,14 @@ def rollout(
     concurrency: int = typer.Option(4, help="Episodes run at the same time."),
     episodes_dir: Optional[Path] = typer.Option(None, help="Where the workspaces go (default: from the config)."),
     config: str = typer.Option("agent", help="Agent config name under configs/ or a YAML path."),
-    backend: Optional[str] = typer.Option(None, help="Evaluator backend: host or cuda."),
+    backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
     bridge: Optional[str] = typer.Option(None, help="Broker endpoint; default: start a local broker and workers."),
     tokenizer: Optional[str] = typer.Option(None, help="Model directory or tokenizer.json."),
-    base_url: Optional[str] = typer.Option(None),
-    model: Optional[str] = typer.Option(None),
-    model_dir: Optional[str] = typer.Option(None),
+    base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint for --policy openai."),
+    model: Optional[str] = typer.Option(None, help="Model name at the endpoint (--policy openai)."),
+    model_dir: Optional[str] = typer.Option(None, help="Hugging Face model directory for --policy jax."),
     run_config: Optional[Path] = typer.Option(None, help="For --policy jax: a training run config whose `sampling` section (temperature, top_k, top_p) the sampler uses, as the trainer will when it scores these episodes."),
-    max_turns: Optional[int] = typer.Option(None),
+    max_turns: Optional[int] = typer.Option(None, help="Override the config's turn limit."),
     keep_workspaces: bool = typer.Option(False, help="Keep every episode's workspace (default: remove it once its trajectory is in memory)."),
     salt_per_episode: bool = typer.Option(
         True,
@@ -231,7 +245,7 @@ def rollout(
     from agent.episode import load_task, run_episodes
     from agent.trajectory import write_trajectories
 
-    cfg = _config(config, backend, max_turns)
+    cfg = _config(config, backend, max_turns, bridge)
     task_list = [load_task(p) for p in _task_files(tasks)] * max(1, episodes_per_task)
     chat_tokenizer = load_chat_tokenizer(tokenizer)
     make_policy = _make_policy_factory(policy, chat_tokenizer, cfg.backend, solutions, base_url, model, model_dir, _sampling(run_config))
@@ -295,7 +309,7 @@ def train_loop(
         cfg = load_run_config(config)
     except RunConfigError as error:
         _fail(str(error))
-    agent_cfg = _config(agent_config, None, None)
+    agent_cfg = _config(agent_config, None, None, bridge)
     task_list = [load_task(p) for p in _task_files(tasks)]
     chat_tokenizer = load_chat_tokenizer(tokenizer)
     inner = getattr(chat_tokenizer, "inner", None)

@@ -55,7 +55,7 @@ class AgentConfig:
     # An episode is flagged as a redundant loop (RFT's pattern filter) when the same tool call
     # (name and arguments) is repeated this many times in a row.
     redundant_repeat_limit: int = 3
-    backend: str = "host"
+    backend: str = "auto"  # auto | cuda | host; auto is resolved on this machine when a command starts
     # How long a tool waits for the bridge: longer than the worker lets an evaluation run.
     evaluator_timeout_seconds: float = Timeouts().agent_wait_s
     # Per-job evaluation settings (only cuda_agent.contracts.JOB_SETTINGS; the rest is the worker's).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from agent.tools.base import Tool
+from cuda_agent.contracts import AUTO_BACKEND, resolve_backend
 
 SYSTEM_INTRO = """You are an expert CUDA engineer working in a kernel workspace.
 Your job: make `ModelNew` in model_new.py compute exactly what `Model` in model.py computes, using
@@ -33,6 +34,8 @@ def system_prompt(tools: list[Tool]) -> str:
 
 
 def task_message(task_name: str, backend: str) -> str:
+    if backend == AUTO_BACKEND:
+        backend = resolve_backend(backend)
     target = "an NVIDIA GPU (kernels/*.cu)" if backend == "cuda" else "the CPU host backend (kernels/*.cpp)"
     return (
         f"Task `{task_name}`: the reference operator is in model.py. Write model_new.py and the kernels "

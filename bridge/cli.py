@@ -3,7 +3,7 @@
     cuda-agent broker [--bind tcp://127.0.0.1:5555] [--journal PATH] [--curve KEYS] [--service NAME ...]
     cuda-agent worker --service evaluate --gpus 0,1 [--connect ENDPOINT]
     cuda-agent worker --service compile --count 4
-    cuda-agent submit TASK.py SOLUTION [--service evaluate] [--backend cuda] [--set key=value]
+    cuda-agent submit TASK.py SOLUTION [--service evaluate] [--backend auto] [--set key=value]
     cuda-agent bridge-status [--endpoint ENDPOINT] [--json]
     cuda-agent keys generate KEYS [--client NAME ...] [--worker NAME ...]
 """
@@ -179,7 +179,8 @@ def register(app: typer.Typer) -> None:
         solution: Path = typer.Argument(..., help="Workspace folder or KernelBench .py defining ModelNew."),
         endpoint: str = typer.Option(DEFAULT_ENDPOINT, help="Broker endpoint."),
         service: str = typer.Option("evaluate", help="evaluate or compile."),
-        backend: str = typer.Option("cuda", help="cuda or host."),
+        backend: str = typer.Option(
+            "auto", help="auto | cuda | host (auto: the worker's own choice, cuda when it sees a GPU)."),
         set_: List[str] = typer.Option([], "--set", help="Evaluation setting KEY=VALUE (YAML value); only those a job may set (cuda_agent.contracts.JOB_SETTINGS)."),
         timeout: float = typer.Option(1800.0, help="Seconds to wait for the result."),
         time_limit: Optional[float] = typer.Option(None, help="Seconds the evaluation itself may run."),

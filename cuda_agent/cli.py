@@ -12,6 +12,8 @@ import importlib
 
 import typer
 
+from cuda_agent.cli_style import plain_help
+
 app = typer.Typer(
     name="cuda-agent",
     help="Train LLM agents to write fast CUDA kernels, and grade those kernels honestly.",
@@ -42,6 +44,9 @@ def version() -> None:
             typer.echo(f"{name} {pkg_version(name)}")
         except PackageNotFoundError:
             typer.echo(f"{name} (not installed)")
+
+
+plain_help(app)  # last: every command above shows its help the plain way
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ for these things:
 
 - `Status`: the six outcomes of an evaluation, and which of them are scored;
 - `milestone_reward`: the paper's reward rule;
+- backends: `auto` (the default of every command) and how it resolves on this machine;
 - the evaluation job: its parts, the solution formats and backends, and `JOB_SETTINGS`, the
   only evaluation settings a job may carry (the rest is the worker's own configuration:
   caches, sandbox limits, tolerances);
@@ -15,8 +16,11 @@ for these things:
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import enum
+import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +84,45 @@ def milestone_reward(correct: bool, t: float | None, t_eager: float | None, t_co
 
 SOLUTION_FORMATS = ("workspace", "kernelbench", "reference")
 BACKENDS = ("cuda", "host")
+# `auto` is every command's default: cuda when this machine shows a GPU, else host. A job may
+# carry `auto` too; the worker that runs it resolves it on its own machine.
+AUTO_BACKEND = "auto"
+BACKEND_CHOICES = (AUTO_BACKEND, *BACKENDS)
 # What a client may choose per job. Everything else (caches, sandbox limits, tolerances, the
 # static checks, the torch guard) belongs to the worker: a job cannot weaken its own grading.
 JOB_SETTINGS = frozenset({"backend", "profile", "repeats", "warmup", "compile_mode"})
+
+
+class BackendError(ValueError):
+    """A backend this machine cannot run; str() is one line saying what to do instead."""
+
+
+@functools.lru_cache(maxsize=1)
+def visible_gpu_count() -> int:
+    """GPUs the CUDA driver shows this process (0 without a driver or with CUDA_VISIBLE_DEVICES empty)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return 0
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def resolve_backend(backend: str | None, gpu_count=visible_gpu_count) -> str:
+    """`auto` (or None) -> cuda when a GPU is visible, else host; cuda without a GPU is a BackendError."""
+    backend = backend or AUTO_BACKEND
+    if backend not in BACKEND_CHOICES:
+        raise BackendError(f"unknown backend {backend!r} (expected one of {', '.join(BACKEND_CHOICES)})")
+    if backend == AUTO_BACKEND:
+        return "cuda" if gpu_count() > 0 else "host"
+    if backend == "cuda" and gpu_count() == 0:
+        raise BackendError("backend cuda needs an NVIDIA GPU and this machine shows none; "
+                           "use --backend host or auto")
+    return backend
 
 
 class JobError(ValueError):
@@ -95,8 +135,8 @@ def check_job_settings(settings: dict | None) -> dict:
     refused = sorted(set(settings) - JOB_SETTINGS)
     if refused:
         raise JobError(f"not settable per job: {', '.join(refused)} (a job may set {', '.join(sorted(JOB_SETTINGS))})")
-    if "backend" in settings and settings["backend"] not in BACKENDS:
-        raise JobError(f"unknown backend {settings['backend']!r} (expected one of {', '.join(BACKENDS)})")
+    if "backend" in settings and settings["backend"] not in BACKEND_CHOICES:
+        raise JobError(f"unknown backend {settings['backend']!r} (expected one of {', '.join(BACKEND_CHOICES)})")
     return settings
 
 

@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 
 from .extension.build import build_workspace
-from .extension.diagnostics import shown_to_agent
+from .extension.diagnostics import located, shown_to_agent
 from .extension.torch_build import build_env
 from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from .isolation.static_checks import check_solution_sources
+from .progress import say
 from .roles.errors import one_line
 from .settings import EvalSettings
 from .solutions import Solution, reference_solution
@@ -83,6 +84,7 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
     slot = None
     try:
         # The children start first, so that they warm while the sources are checked and built.
+        say("starting the sandboxed children")
         slot = _STANDBY.take(build_env(settings), child_guard(settings), settings.device_type())
         record["children_warm_s"] = round(time.monotonic() - slot.started_at, 4)
         _evaluate(task, solution, settings, artifact, record, slot)
@@ -149,8 +151,10 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
               slot: EvaluationSlot) -> None:
     """The steps of one evaluation. Each returns what the later ones need and writes the record
     fields it decides; a step that reaches a verdict raises it."""
-    _check_sources(solution, settings)
+    waiting = _check_sources(solution, settings)
     extension = _extension(solution, settings, artifact, slot.workdir, record)
+    if waiting:  # it built: the names exist in torch's C++ API, and are torch compute
+        _reject(waiting)
     extension, runtime = _extension_copy(extension, slot.extension_dir, settings)
     solution_dir = _read_only_copy(solution, task, slot.workdir / "solution")
     record["sandbox"] = {k: v for k, v in slot.guard.items() if k not in ("command_prefix", "jail_protections")}
@@ -158,11 +162,13 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         record["sandbox"]["jail"] = slot.candidate.protections
     begin = time.perf_counter()
     with _children(slot) as (reference, candidate):
+        say("loading the reference and the candidate")
         loaded, seeds = _load(reference, candidate, task, solution, settings, extension, solution_dir, record,
                               runtime)
         checks = _check_sets(reference, task, seeds, settings, record)
         _prepare(candidate, loaded, settings)
         timed = _timed_sets(reference, checks["inputs"], settings, record)
+        say("running the candidate's calls")
         calls = _run_calls(candidate, checks["inputs"], timed, settings, record)
         if _keep_warm:  # the timed calls are over: the next evaluation's children may start now
             _STANDBY.refill(slot.env, slot.guard, slot.device_type)
@@ -177,14 +183,23 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
 # --- before the children: static checks, the build, the solution's read-only copy -----------
 
 
-def _check_sources(solution: Solution, settings: EvalSettings) -> None:
-    """Reject a solution whose sources hold a forbidden form, before anything is built."""
+def _check_sources(solution: Solution, settings: EvalSettings) -> list:
+    """Reject a solution whose sources hold a forbidden form, before anything is built. Returns the
+    findings that wait for the build: calls of names torch lacks, most likely typos the compiler names."""
     if solution.format == "reference" or not settings.static_checks:
-        return
+        return []
     findings = check_solution_sources(solution.files)
-    if findings:
-        diagnostics = [{"file": None, "line": None, "message": f.message} for f in findings]
-        raise rejection(findings[0].reason, findings[0].message, diagnostics)
+    if any(f.reason != "unknown_torch_name" for f in findings):
+        _reject(findings)
+    return findings
+
+
+def _reject(findings: list) -> None:
+    """The rejection of static findings, each a diagnostic with its file and line."""
+    diagnostics = [located(f.message) for f in findings]
+    first = next((f for f in findings if f.reason != "unknown_torch_name"), findings[0])
+    reason = "torch_compute_cpp" if first.reason == "unknown_torch_name" else first.reason
+    raise rejection(reason, first.message, diagnostics)
 
 
 def _extension(solution: Solution, settings: EvalSettings, artifact: bytes | None, workdir: Path,
@@ -198,6 +213,7 @@ def _extension(solution: Solution, settings: EvalSettings, artifact: bytes | Non
         path.write_bytes(artifact)
         record["build"].update(seconds=0.0, cache_hit=True, key="artifact")
         return path
+    say("building the extension (a first build takes longer)")
     built = build_workspace(solution.files, settings)
     record["build"].update(seconds=round(built.build_seconds, 4), cache_hit=built.cache_hit, key=built.key)
     record["wall_s"]["build"] = round(built.build_seconds, 4)
@@ -490,6 +506,7 @@ def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dic
     baselines = cache.get(key)
     record["baseline_cache_hit"] = baselines is not None
     if baselines is None:
+        say("measuring the eager and torch.compile baselines (cached afterwards)")
         begin = time.perf_counter()
         request = {"cmd": "baselines", "compile_mode": settings.compile_mode, **protocol}
         measured = reply(reference, request, settings.child_timeout_s, harness=True)

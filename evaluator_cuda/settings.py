@@ -14,7 +14,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from cuda_agent.contracts import BACKENDS, PAPER_MARGIN
+from cuda_agent.contracts import AUTO_BACKEND, BACKEND_CHOICES, PAPER_MARGIN, resolve_backend as resolve_named
 
 PAPER_CHECKS = 5
 PAPER_ATOL = 1e-2
@@ -29,6 +29,13 @@ def cache_root() -> Path:
     """Where builds, baselines and torch's own extension cache live ($CUDA_AGENT_CACHE or ~/.cache/cuda-agent)."""
     root = os.environ.get("CUDA_AGENT_CACHE")
     return Path(root).expanduser() if root else Path.home() / ".cache" / "cuda-agent"
+
+
+def resolve_backend(backend: str | None) -> str:
+    """`auto` -> cuda when torch sees a GPU, else host; cuda without one is a BackendError (one line)."""
+    import torch
+
+    return resolve_named(backend, gpu_count=torch.cuda.device_count)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +95,11 @@ class EvalSettings:
 
     @classmethod
     def for_backend(cls, backend: str, **overrides) -> "EvalSettings":
-        """Defaults for a backend; the host backend times fewer calls (2 warm-ups, 5 timed)."""
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r} (expected one of {', '.join(BACKENDS)})")
+        """Defaults for a backend (`auto` resolved here); the host backend times fewer calls (2 warm-ups, 5 timed)."""
+        if backend not in BACKEND_CHOICES:
+            raise ValueError(f"unknown backend {backend!r} (expected one of {', '.join(BACKEND_CHOICES)})")
+        if backend == AUTO_BACKEND:
+            backend = resolve_backend(backend)
         base = {"backend": backend}
         if backend == "host":
             base.update(warmup=2, repeats=5, l2_flush_bytes=0)

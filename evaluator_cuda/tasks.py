@@ -1,10 +1,12 @@
 """Reference tasks: `Model`, `get_inputs`, `get_init_inputs` in one Python source.
 
 Sources come from one `.py` file, a folder laid out like KernelBench (`level1/1_Name.py`, or
-flat `*.py`), or a parquet file with a `code` column (CUDA-Agent-Ops-6K). Loading checks what
-can be checked without running the task (syntax, the three definitions); what needs running
-it (`get_inputs` raising, a wrong return type) is checked by the reference child and reported
-as a `TaskError` with the same one-line form. A malformed task never stops the other tasks.
+flat `*.py`), or a parquet file with a `code` column (CUDA-Agent-Ops-6K; rows are named from a
+`name`, `problem_id`, `task_id` or `id` column, else from their class and a short hash of their
+source). Loading checks what can be checked without running the task (syntax, the three
+definitions); what needs running it (`get_inputs` raising, a wrong return type) is checked by
+the reference child and reported as a `TaskError` with the same one-line form. A malformed
+task never stops the other tasks.
 """
 
 from __future__ import annotations
@@ -80,23 +82,45 @@ def _folder_sources(folder: Path) -> list[tuple[str, str, str]]:
     return out
 
 
+_NAME_COLUMNS = ("name", "problem_id", "task_id", "id")
+
+
+def _class_name(source: str) -> str:
+    """The first top-level class the source defines (`Model` in a KernelBench task), or `task`."""
+    match = re.search(r"^class\s+([A-Za-z_]\w*)", source, re.MULTILINE)
+    return match.group(1) if match else "task"
+
+
+def row_name(source: str) -> str:
+    """A parquet row's name when the file has no name column: its class and a short hash of its source."""
+    import hashlib
+
+    return f"{_class_name(source)}_{hashlib.sha256(source.encode()).hexdigest()[:8]}"
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return out
+
+
 def _parquet_sources(path: Path) -> list[tuple[str, str, str]]:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
     if "code" not in table.column_names:
         raise TaskError(path.name, "parquet file has no `code` column")
-    codes = table.column("code").to_pylist()
-    names = None
-    for column in ("name", "problem_id", "task_id", "id"):
-        if column in table.column_names:
-            names = [str(v) for v in table.column(column).to_pylist()]
-            break
-    out = []
-    for i, code in enumerate(codes):
-        name = names[i] if names else f"{path.stem}/{i}"
-        out.append((name, code if isinstance(code, str) else "", f"{path}#row{i}"))
-    return out
+    codes = [code if isinstance(code, str) else "" for code in table.column("code").to_pylist()]
+    column = next((c for c in _NAME_COLUMNS if c in table.column_names), None)
+    if column:
+        names = [str(v) for v in table.column(column).to_pylist()]
+    else:
+        names = [row_name(code) for code in codes]
+    names = _unique(names if column else [f"{path.stem}/{name}" for name in names])
+    return [(name, code, f"{path}#row{i}") for i, (name, code) in enumerate(zip(names, codes))]
 
 
 def load_tasks(path: str | Path) -> TaskSet:

@@ -82,7 +82,7 @@ def train_demo_data(
     rows: int = typer.Option(32, help="number of trajectories"),
     vocab_size: int = typer.Option(512, help="token ids are drawn below this"),
     max_len: int = typer.Option(64, help="longest trajectory in tokens"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Random seed of the generated trajectories."),
 ) -> None:
     """Write a synthetic trajectory table (random tokens; agent and tool spans; rewards in {-1, 1, 2, 3}) for CPU demos."""
     from policy_jax.demo_data import write_demo_trajectories

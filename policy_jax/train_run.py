@@ -110,24 +110,24 @@ def run_stage(
     updates_per_step = 1
     if stage == "ppo":
         updates_per_step = (batch_size // min(cfg.ppo.mini_batch_size, batch_size)) * cfg.ppo.epochs
-    for role in roles:
-        state = new_state(role, cfg, mesh, init_from, steps * updates_per_step)
-        source = actor_from if role == "actor" else critic_from
-        ck = TrainCheckpointer(checkpoint_dir(cfg, stage, role, checkpoint_root),
-                               max_to_keep=cfg.checkpoint.max_to_keep, save_every=cfg.checkpoint.save_every)
-        checkpointers[role] = ck
-        if resume and ck.latest_step() is not None:
-            state, position = ck.restore(state)
-            log({"stage": stage, "event": "resumed", "role": role, "step": int(state.step), "position": position})
-        elif source:
-            state = _params_from(source, state)
-            log({"stage": stage, "event": "initialised", "role": role, "from": source})
-        states[role] = state
-    batches = BatchIterator(rows, batch_size, cfg.train.seq_len, cfg.train.seed,
-                            {k: v for k, v in (position or {}).items() if k in ("epoch", "index")})
-    done = int(jax.device_get(states[roles[0]].step)) // updates_per_step
-    remaining = max(steps - done, 0)
     try:
+        for role in roles:
+            state = new_state(role, cfg, mesh, init_from, steps * updates_per_step)
+            source = actor_from if role == "actor" else critic_from
+            ck = TrainCheckpointer(checkpoint_dir(cfg, stage, role, checkpoint_root),
+                                   max_to_keep=cfg.checkpoint.max_to_keep, save_every=cfg.checkpoint.save_every)
+            checkpointers[role] = ck
+            if resume and ck.latest_step() is not None:
+                state, position = ck.restore(state)
+                log({"stage": stage, "event": "resumed", "role": role, "step": int(state.step), "position": position})
+            elif source:
+                state = _params_from(source, state)
+                log({"stage": stage, "event": "initialised", "role": role, "from": source})
+            states[role] = state
+        batches = BatchIterator(rows, batch_size, cfg.train.seq_len, cfg.train.seed,
+                                {k: v for k, v in (position or {}).items() if k in ("epoch", "index")})
+        done = int(jax.device_get(states[roles[0]].step)) // updates_per_step
+        remaining = max(steps - done, 0)
         if stage == "rft":
             states["actor"] = run_rft(states["actor"], batches, cfg, mesh, remaining, checkpointers["actor"], log)
         elif stage == "value":

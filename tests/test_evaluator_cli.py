@@ -59,11 +59,12 @@ def test_user_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\nclass Model(torch.nn.Module):\n    pass\n")
     result = runner.invoke(app, ["workspace", "init", str(bad), str(tmp_path / "w")])
-    assert result.exit_code == 2
-    assert result.output.strip() == "error: task bad: missing get_inputs(), get_init_inputs()"
+    assert result.exit_code == 3  # a refused task, not a usage error
+    assert result.output.strip() == "refused: task bad: missing get_inputs(), get_init_inputs()"
     good = tmp_path / "good.py"
     good.write_text(TASK)
     result = runner.invoke(app, ["evaluate", str(good), str(tmp_path / "no_solution")])
     assert result.exit_code == 2 and "no such file or folder" in result.output and len(result.output.strip().splitlines()) == 1
     result = runner.invoke(app, ["bench", str(good), "--backend", "tpu"])
-    assert result.exit_code == 2 and result.output.strip() == "error: unknown backend 'tpu' (expected one of cuda, host)"
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: unknown backend 'tpu' (expected one of auto, cuda, host)"

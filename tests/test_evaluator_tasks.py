@@ -1,6 +1,7 @@
 """Tasks load from a .py file, a KernelBench-style folder and a parquet `code` column; each
 malformed task gives one line naming it and its problem, and the run goes on."""
 
+import re
 import textwrap
 
 import pytest
@@ -54,15 +55,32 @@ def test_kernelbench_folder_in_level_order(tmp_path):
 
 
 def test_parquet_code_column(tmp_path):
+    """Rows without a name column are named from their class and a short hash of their source, not their index."""
+    pa = pytest.importorskip("pyarrow")
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    sources = [GOOD.format(scale=1.0), SYNTAX_ERROR, GOOD.format(scale=5.0)]
+    table = pa.table({"code": sources, "ops": ["a", "b", "c"], "data_source": ["x", "y", "z"]})
+    pq.write_table(table, tmp_path / "ops6k.parquet")
+    loaded = load_tasks(tmp_path / "ops6k.parquet")
+    short = [hashlib.sha256(s.encode()).hexdigest()[:8] for s in sources]
+    assert [t.name for t in loaded.tasks] == [f"ops6k/Model_{short[0]}", f"ops6k/Model_{short[2]}"]
+    assert "5.0" in loaded.tasks[1].source and loaded.tasks[1].origin.endswith("#row2")
+    assert [str(p) for p in loaded.problems] == [f"task ops6k/Model_{short[1]}: syntax error at line 9: expected ':'"]
+
+
+def test_parquet_name_column_and_repeated_rows(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    table = pa.table({"code": [GOOD.format(scale=1.0), SYNTAX_ERROR, GOOD.format(scale=5.0)], "ops": ["a", "b", "c"], "data_source": ["x", "y", "z"]})
-    pq.write_table(table, tmp_path / "ops6k.parquet")
-    loaded = load_tasks(tmp_path / "ops6k.parquet")
-    assert [t.name for t in loaded.tasks] == ["ops6k/0", "ops6k/2"]
-    assert "5.0" in loaded.tasks[1].source
-    assert [str(p) for p in loaded.problems] == ["task ops6k/1: syntax error at line 9: expected ':'"]
+    pq.write_table(pa.table({"code": [GOOD.format(scale=1.0)] * 2, "name": ["scale_add", "scale_add"]}),
+                   tmp_path / "named.parquet")
+    assert [t.name for t in load_tasks(tmp_path / "named.parquet").tasks] == ["scale_add", "scale_add_2"]
+    pq.write_table(pa.table({"code": [GOOD.format(scale=1.0)] * 2}), tmp_path / "same.parquet")
+    first, second = (t.name for t in load_tasks(tmp_path / "same.parquet").tasks)
+    assert second == f"{first}_2" and first.startswith("same/Model_")
 
 
 def test_parquet_without_code_column(tmp_path):
@@ -112,3 +130,52 @@ def test_malformed_tasks_give_their_line_and_the_run_goes_on(tmp_path):
     assert [(r["task"], r["status"]) for r in result.records] == [("5_good", "correct")]
     assert result.metrics["tasks"] == 1 and result.metrics["pass_rate"] == 1.0
     assert (tmp_path / "out" / "report.json").exists() and (tmp_path / "out" / "report.md").exists()
+
+
+def test_refused_tasks_are_in_the_summary_the_report_and_the_plot(tmp_path):
+    """A malformed task and a good one: the console summary and report.md count and name the refused task with
+    its reason, and the plot has a labelled place for it."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "1_missing.py").write_text(MISSING_GET_INPUTS)
+    (tasks / "2_good.py").write_text(GOOD.format(scale=2.0))
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    settings = EvalSettings.for_backend("host", profile=False, cache_dir=str(tmp_path / "cache"))
+    result = run_bench(tasks, None, settings, tmp_path / "out", console=console)
+    assert result.metrics["refused"] == 1 and [r["task"] for r in result.refused] == ["1_missing"]
+    printed = console.export_text()
+    assert "refused (not scored): 1_missing: missing get_inputs()" in printed
+    assert re.search(r"tasks scored\s+│\s+1\s+│", printed) and re.search(r"tasks refused\s+│\s+1\s+│", printed)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| tasks scored | 1 |" in report and "| tasks refused | 1 |" in report
+    assert "## Refused tasks (not scored)" in report and "- **1_missing**: missing get_inputs()" in report
+    assert "| 1_missing | refused |" in report
+    from evaluator_cuda.bench.plot import speedup_figure
+
+    ax = speedup_figure(result.main_records + result.refused, "title").axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2_good", "1_missing"]
+    assert "refused" in [t.get_text() for t in ax.texts]
+    assert (tmp_path / "out" / "speedups.png").exists()
+
+
+def test_a_task_set_with_nothing_to_evaluate_still_names_backend_device_and_versions(tmp_path):
+    from typer.testing import CliRunner
+
+    from cuda_agent.cli import app
+
+    task = tmp_path / "broken.py"
+    task.write_text(SYNTAX_ERROR)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["bench", str(task), "--backend", "host", "--no-profile", "--out", str(out),
+                                      "--cache-dir", str(tmp_path / "cache")])
+    assert result.exit_code == 3, result.output  # a refused task
+    import torch
+
+    report = (out / "report.md").read_text()
+    header = report.splitlines()[2]
+    assert header.startswith("Backend `host` on cpu") and f"torch {torch.__version__}" in header
+    assert "python " in header and "unknown" not in header and "None" not in header
+    assert "- **broken**: syntax error at line 9: expected ':'" in report
+    assert "refused (not scored): broken: syntax error at line 9" in result.output

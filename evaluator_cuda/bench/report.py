@@ -34,7 +34,7 @@ def row_cells(record: dict) -> list[str]:
     reward = record.get("reward")
     return [
         record.get("candidate") or record.get("task", "?"),
-        record.get("status") or "?",
+        "refused" if record.get("status") == "task_error" else record.get("status") or "?",
         "-" if reward is None else str(reward),
         _us(times.get("candidate")),
         _us(times.get("eager")),
@@ -49,7 +49,8 @@ ROW_HEADERS = ["candidate", "status", "reward", "ours", "eager", "compile", "vs 
 
 def summary_rows(metrics: dict) -> list[tuple[str, str, str]]:
     rows = [
-        ("tasks", str(metrics["tasks"]), ""),
+        ("tasks scored", str(metrics["tasks"]), ""),
+        ("tasks refused", str(metrics.get("refused", 0)), ""),
         ("pass rate", _pct(metrics["pass_rate"]), ""),
         ("faster rate", _pct(metrics["faster_rate_vs_eager"]), _pct(metrics["faster_rate_vs_compile"])),
         ("geomean speed-up", _x(metrics["geomean_speedup_vs_eager"]), _x(metrics["geomean_speedup_vs_compile"])),
@@ -76,60 +77,61 @@ def print_tables(console, records: list[dict], metrics: dict) -> None:
     for row in summary_rows(metrics):
         summary.add_row(*row)
     console.print(summary)
+    for record in records:
+        if record.get("status") == "task_error":
+            console.print(f"refused (not scored): {record.get('task')}: {record.get('message')}", highlight=False,
+                          markup=False)
 
 
-def plot_speedups(records: list[dict], path: Path) -> Path | None:
-    """Bar chart of per-candidate speed-ups vs eager and vs compile (log scale); None if nothing to plot."""
-    rows = [r for r in records if r.get("status") == "correct" and (r.get("speedup") or {}).get("eager")]
-    if not rows:
-        return None
-    import matplotlib
+def header_line(meta: dict) -> str:
+    """Backend, device and versions: what a reader needs to compare two reports."""
+    versions = meta.get("versions") or {}
+    named = ", ".join(f"{k} {v}" for k, v in versions.items() if v and k != "torch")
+    return (f"Backend `{meta.get('backend')}` on {meta.get('device') or 'an unknown device'}; "
+            f"torch {meta.get('torch') or versions.get('torch') or 'unknown'}" + (f", {named}" if named else "") + "; "
+            f"solutions: {meta.get('solutions') or 'none (harness self-check: the reference is the candidate)'}.")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    labels = [r["candidate"] for r in rows]
-    eager = [r["speedup"]["eager"] or 0 for r in rows]
-    compiled = [r["speedup"]["compile"] or 0 for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows) + 2), 4))
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], eager, width=0.4, label="vs eager")
-    ax.bar([x + 0.2 for x in xs], compiled, width=0.4, label="vs torch.compile")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_yscale("log")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels(labels, rotation=30, ha="right")
-    ax.set_ylabel("speed-up (x, log scale)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+def _first_line(record: dict) -> str:
+    message = record.get("message") or ""
+    return message.splitlines()[0] if message else ""
+
+
+def _failure_sections(records: list[dict]) -> list[str]:
+    lines = []
+    failures = [r for r in records if r.get("status") not in ("correct", "task_error")]
+    if failures:
+        lines += ["", "## Failures", ""]
+        lines += [f"- **{r.get('candidate')}** ({r.get('status')}): {_first_line(r)}" for r in failures]
+    refused = [r for r in records if r.get("status") == "task_error"]
+    if refused:
+        lines += ["", "## Refused tasks (not scored)", ""]
+        lines += [f"- **{r.get('task')}**: {_first_line(r)}" for r in refused]
+    return lines
 
 
 def markdown_report(records: list[dict], metrics: dict, meta: dict, plot_name: str | None) -> str:
-    lines = [f"# Kernel benchmark: {meta.get('tasks_path', '')}", ""]
-    lines.append(f"Backend `{meta.get('backend')}` on {meta.get('device') or 'unknown device'}; "
-                 f"torch {meta.get('torch')}; "
-                 f"solutions: {meta.get('solutions') or 'none (harness self-check: the reference is the candidate)'}.")
-    lines.append("")
+    lines = [f"# Kernel benchmark: {meta.get('tasks_path', '')}", "", header_line(meta), ""]
     lines.append("| metric | vs eager | vs compile |")
     lines.append("|---|---:|---:|")
     for name, eager, comp in summary_rows(metrics):
         lines.append(f"| {name} | {eager} | {comp} |")
-    lines += ["", "| " + " | ".join(ROW_HEADERS) + " |", "|" + "---|" * len(ROW_HEADERS)]
-    for record in records:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row_cells(record)) + " |")
-    failures = [r for r in records if r.get("status") not in ("correct",)]
-    if failures:
-        lines += ["", "## Failures", ""]
-        for r in failures:
-            first_line = (r.get('message') or '').splitlines()[0] if r.get('message') else ''
-            lines.append(f"- **{r.get('candidate')}** ({r.get('status')}): {first_line}")
+    if records:
+        lines += ["", "| " + " | ".join(ROW_HEADERS) + " |", "|" + "---|" * len(ROW_HEADERS)]
+        for record in records:
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row_cells(record)) + " |")
+    else:
+        lines += ["", "No task was evaluated."]
+    lines += _failure_sections(records)
     if plot_name:
         lines += ["", f"![per-task speed-ups]({plot_name})"]
     lines.append("")
     return "\n".join(lines)
+
+
+def header_title(meta: dict) -> str:
+    """The plot's title: the task set, the backend and the device."""
+    return f"{Path(meta.get('tasks_path') or '').name}: backend {meta.get('backend')} on {meta.get('device') or '?'}"
 
 
 def write_reports(out_dir: Path, records: list[dict], main_records: list[dict], metrics: dict, meta: dict,
@@ -139,7 +141,9 @@ def write_reports(out_dir: Path, records: list[dict], main_records: list[dict], 
     json_path = out_dir / "report.json"
     json_path.write_text(json.dumps({"meta": meta, "metrics": metrics, "task_problems": problems, "records": records},
                                     indent=1, default=str))
-    plot = plot_speedups(main_records, out_dir / "speedups.png")
+    from .plot import plot_speedups
+
+    plot = plot_speedups(records, out_dir / "speedups.png", header_title(meta))
     md_path = out_dir / "report.md"
     md_path.write_text(markdown_report(records, metrics, meta, plot.name if plot else None))
     return {"json": str(json_path), "markdown": str(md_path), "plot": str(plot) if plot else None}

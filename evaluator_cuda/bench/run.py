@@ -25,15 +25,7 @@ class BenchResult:
     problems: list[str]
     paths: dict
     wall_s: float
-
-
-def resolve_backend(backend: str) -> str:
-    """`auto` means cuda when torch sees a GPU, else the host backend."""
-    if backend != "auto":
-        return backend
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "host"
+    refused: list[dict] = dataclasses.field(default_factory=list)  # one row per refused task, with its reason
 
 
 def plan_candidates(tasks, solutions_dir: Path | None, backend: str) -> list[tuple]:
@@ -61,11 +53,20 @@ def _one_line_result(done: int, total: int, record: dict) -> str:
             f"({record['wall_s']['total']:.1f} s){message}")
 
 
+def refused_record(task_name: str, reason: str) -> dict:
+    """A row for a task the benchmark refused (malformed, or a degenerate reference): shown, never scored."""
+    return {"task": task_name, "candidate": task_name, "status": "task_error", "reward": None, "message": reason,
+            "times_us": {}, "speedup": {}}
+
+
+def _refusal(task_name: str, message: str) -> tuple[str, dict]:
+    """The problem line and the refused row of a task, from a task_error message."""
+    reason = message.removeprefix(f"task {task_name}: ")
+    return f"task {task_name}: {reason}", refused_record(task_name, reason)
+
+
 def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings: EvalSettings, out_dir: Path,
               console=None) -> BenchResult:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from ..evaluation import children_kept_warm
     from .metrics import bench_metrics
     from .report import print_tables, write_reports
 
@@ -73,42 +74,63 @@ def run_bench(tasks_path: str | Path, solutions_dir: str | Path | None, settings
         console = _console()
     begin = time.perf_counter()
     task_set = load_tasks(tasks_path)
+    refused = [_refusal(p.task_name, p.problem)[1] for p in task_set.problems]
     problems = [str(p) for p in task_set.problems]
     for line in problems:
         console.print(f"[red]{line}[/red]", highlight=False)
     solutions_path = Path(solutions_dir) if solutions_dir else None
     plan = plan_candidates(task_set.tasks, solutions_path, settings.backend)
-    records, main_records, bad_tasks = [], [], set()
-    # With more than one evaluation, each next one's children start warming while the last ends.
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with children_kept_warm(len(plan) > 1), Progress(*columns, console=console, transient=False) as progress:
-        bar = progress.add_task("evaluating", total=len(plan))
-        for task, path, is_main in plan:
-            if task.name in bad_tasks:
-                progress.advance(bar)
-                continue
-            progress.update(bar, description=f"{task.name}")
-            record = _record_of(task, path, solutions_path, settings)
-            progress.advance(bar)
-            if record["status"] == "task_error":
-                bad_tasks.add(task.name)
-                line = record["message"]
-                line = line if line.startswith("task ") else f"task {task.name}: {line}"
-                problems.append(line)
-                progress.console.print(f"[red]{line}[/red]", highlight=False)
-                continue
-            records.append(record)
-            progress.console.print(_one_line_result(len(records) + len(bad_tasks), len(plan), record), highlight=False,
-                                   markup=False)
-            if is_main:
-                main_records.append(record)
+    records, main_records = _evaluate_plan(plan, solutions_path, settings, console, problems, refused)
     metrics = bench_metrics(main_records)
+    metrics["refused"] = len(refused)
     meta = _report_meta(tasks_path, solutions_dir, settings, records, time.perf_counter() - begin)
-    print_tables(console, records, metrics)
-    paths = write_reports(out_dir, records, main_records, metrics, meta, problems)
+    shown = records + refused
+    print_tables(console, shown, metrics)
+    paths = write_reports(out_dir, shown, main_records + refused, metrics, meta, problems)
     console.print(f"reports: {paths['json']}  {paths['markdown']}" + (f"  {paths['plot']}" if paths["plot"] else ""),
                   highlight=False)
-    return BenchResult(records, main_records, metrics, problems, paths, time.perf_counter() - begin)
+    return BenchResult(records, main_records, metrics, problems, paths, time.perf_counter() - begin, refused)
+
+
+def _evaluate_plan(plan, solutions_path, settings, console, problems: list, refused: list) -> tuple[list, list]:
+    """Run the planned evaluations with a progress bar that names the task and its current step."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..evaluation import children_kept_warm
+    from ..progress import listening
+
+    records, main_records, bad_tasks = [], [], set()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    # With more than one evaluation, each next one's children start warming while the last ends.
+    with children_kept_warm(len(plan) > 1), Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task("evaluating", total=len(plan))
+        current = {"task": ""}
+        def show(step: str) -> None:
+            progress.update(bar, description=f"{current['task']}: {step}")
+
+        with listening(show):
+            for task, path, is_main in plan:
+                if task.name in bad_tasks:
+                    progress.advance(bar)
+                    continue
+                current["task"] = task.name
+                show("starting")
+                record = _record_of(task, path, solutions_path, settings)
+                progress.advance(bar)
+                if record["status"] == "task_error":
+                    bad_tasks.add(task.name)
+                    line, row = _refusal(task.name, record["message"])
+                    problems.append(line)
+                    refused.append(row)
+                    progress.console.print(f"[red]{line}[/red]", highlight=False)
+                    continue
+                records.append(record)
+                progress.console.print(_one_line_result(len(records) + len(bad_tasks), len(plan), record),
+                                       highlight=False, markup=False)
+                if is_main:
+                    main_records.append(record)
+        progress.update(bar, description="done")
+    return records, main_records
 
 
 def _console():
@@ -139,13 +161,39 @@ def _record_of(task, path, solutions_path: Path | None, settings: EvalSettings) 
 
 def _report_meta(tasks_path, solutions_dir, settings: EvalSettings, records: list[dict], wall_s: float) -> dict:
     device = next((r.get("device") for r in records if r.get("device")), None)
-    torch_version = next((r["versions"].get("torch") for r in records if r.get("versions", {}).get("torch")), None)
+    versions = next((r["versions"] for r in records if (r.get("versions") or {}).get("torch")), None)
     return {
         "tasks_path": str(tasks_path),
         "solutions": str(solutions_dir) if solutions_dir else None,
         "backend": settings.backend,
-        "device": device,
-        "torch": torch_version,
+        "device": device or _this_device(settings),
+        "torch": (versions or {}).get("torch") or _torch_version(),
+        "versions": versions or _versions(),
         "settings": settings.to_dict(),
         "wall_s": round(wall_s, 3),
     }
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _versions() -> dict:
+    """This process's versions, for a run that evaluated nothing (every task refused)."""
+    import platform
+
+    import torch
+
+    from ..verdict.record import _project_version
+
+    return {"python": platform.python_version(), "cuda_agent": _project_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda}
+
+
+def _this_device(settings: EvalSettings) -> str:
+    """The device's name as the reference child would say it, for a run that evaluated nothing."""
+    from ..roles.reference import device_name
+
+    return device_name(settings.device_type())

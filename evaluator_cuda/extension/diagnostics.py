@@ -3,8 +3,10 @@
     gcc/clang:  /abs/src/kernels/op.cpp:12:5: error: expected ';' before '}' token
     nvcc:       /abs/src/kernels/op.cu(12): error: identifier "x" is undefined
     linker:     undefined reference to `op_launcher'      (no file/line)
-Paths inside the build tree are mapped back to the workspace's relative paths.
-shown_to_agent() keeps what reaches the agent to workspace files and bounded in size.
+Paths inside the build tree are mapped back to the workspace's relative paths. A name missing
+from torch's namespaces (`'emptyy' is not a member of 'torch'`) is reported as an unknown name,
+with the torch name it most likely meant. shown_to_agent() keeps what reaches the agent to
+workspace files and bounded in size.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def parse_compiler_output(text: str, roots: list[str] | None = None, limit: int 
         match = _GCC.match(line) or _NVCC.match(line)
         if match:
             item = {"file": _relative(match["file"], roots), "line": int(match["line"]),
-                    "message": match["msg"].strip()}
+                    "message": explain_unknown_name(match["msg"].strip())}
         else:
             other = _OTHER.search(line)
             if not other or line.startswith(("FAILED:", "ninja:")):
@@ -88,3 +90,45 @@ def shown_to_agent(diagnostics: list[dict], workspace_files, own_roots: tuple[st
             message = message[:MESSAGE_CHARS] + " [...]"
         shown.append({"file": file, "line": item.get("line"), "message": message})
     return shown
+
+
+_LOCATED = re.compile(r"^(?P<file>[^\s:][^:]*?):(?P<line>\d+): (?P<msg>.*)$", re.S)
+_NOT_A_MEMBER = [
+    re.compile(r"^[‘'`](?P<name>\w+)[’'] is not a member of [‘'`](?P<ns>(?:\w+::)*\w+)[’']"),  # gcc
+    re.compile(r"^no member named '(?P<name>\w+)' in namespace '(?P<ns>(?:\w+::)*\w+)'"),  # clang
+    re.compile(r'^namespace "(?P<ns>(?:\w+::)*\w+)" has no member "(?P<name>\w+)"'),  # nvcc
+]
+_TORCH_NAMESPACES = ("torch", "at", "c10")
+UNKNOWN_NAME = "unknown name "  # how a rewritten message begins
+
+
+def located(message: str) -> dict:
+    """A `file:line: text` message (the static checks' form) as a diagnostic with its file and line."""
+    match = _LOCATED.match(message)
+    if not match:
+        return {"file": None, "line": None, "message": message}
+    return {"file": match["file"], "line": int(match["line"]), "message": match["msg"]}
+
+
+def unknown_torch_name(message: str) -> str | None:
+    """`torch::emptyy` when the compiler says a name is missing from torch's namespaces and torch has no such name."""
+    from ..isolation.torch_names import is_unknown
+
+    for pattern in _NOT_A_MEMBER:
+        match = pattern.match(message)
+        if match and match["ns"] in _TORCH_NAMESPACES and is_unknown(match["name"]):
+            return f"{match['ns']}::{match['name']}"
+    return None
+
+
+def explain_unknown_name(message: str) -> str:
+    """The compiler's message, said as an unknown name with the torch name it most likely meant."""
+    from ..isolation.torch_names import closest
+
+    name = unknown_torch_name(message)
+    if name is None:
+        return message
+    namespace, short = name.split("::")
+    guess = closest(short)
+    hint = f"; did you mean {namespace}::{guess}?" if guess else ""
+    return f"{UNKNOWN_NAME}{name}: not a torch function{hint} (compiler: {message})"

@@ -21,6 +21,8 @@ from __future__ import annotations
 import ast
 import re
 
+from .torch_names import is_unknown
+
 # at::/torch::/c10:: calls that allocate, describe or locate tensors (SKILL.md: allocation only).
 ALLOWED_TORCH_CPP_CALLS = frozenset(
     """
@@ -121,7 +123,10 @@ def check_cpp_source(name: str, text: str) -> list[Finding]:
                 call = match.group(0).rstrip('(').strip()
                 message = (f"{name}:{lineno}: {call} is not allowed: "
                            "torch compute in C++ (only allocation such as torch::empty_like)")
-                findings.append(Finding(("torch_compute_cpp", message)))
+                # A name torch lacks may be a typo: the build reports it; if it builds, this finding stands.
+                unknown = not match.group(1) and is_unknown(match.group(2))
+                reason = "unknown_torch_name" if unknown else "torch_compute_cpp"
+                findings.append(Finding((reason, message)))
         for pattern, reason, what in _CPP_FORBIDDEN:
             if pattern.search(line):
                 findings.append(Finding((reason, f"{name}:{lineno}: {what} ({line.strip()[:80]})")))

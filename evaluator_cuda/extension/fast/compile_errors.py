@@ -4,8 +4,9 @@ A unit that never sees torch (a `.cu` kernel, a plain host kernel) compiles the 
 fast and the full build, so its errors are the candidate's. A binding compiles against the slim
 headers here, so its failure may only mean it uses torch API the shim lacks; then the builder
 asks for the full torch build (whose diagnostics are authoritative). The one binding error we
-report directly is a plain syntax error in the candidate's own file when the file uses no
-torch-style macro the shim does not define (an unknown macro also produces "expected ..." errors).
+report directly are a plain syntax error in the candidate's own file when the file uses no
+torch-style macro the shim does not define (an unknown macro also produces "expected ..." errors),
+and a name that torch itself lacks (`torch::emptyy`: a typo, whatever the headers).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
+
+from ...isolation.static_checks import ALLOWED_TORCH_CPP_CALLS
+from ..diagnostics import UNKNOWN_NAME
 
 INCLUDE_DIR = Path(__file__).parent / "include"
 TORCH_HEADER = re.compile(r"#\s*include\s*[<\"](torch/|ATen/|c10/|pybind11/|caffe2/|THC/)")
@@ -49,6 +53,23 @@ def unknown_torch_macros(source: bytes) -> set[str]:
     return used - shim_macros()
 
 
+def is_unknown_torch_name(diagnostics: list[dict], unit_rel: str, source: bytes) -> bool:
+    """True when the first error is a call, in the unit's own file, of a name torch lacks (a typo).
+
+    Only calls (`torch::emptyy(`) of names outside the allocation calls count: the static checks
+    refuse any other torch call in C++ whether it exists or not, so no valid solution is lost.
+    """
+    errors = [d for d in diagnostics if d.get("file")]
+    if not errors or errors[0]["file"] != unit_rel or not errors[0]["message"].startswith(UNKNOWN_NAME):
+        return False
+    qualified = errors[0]["message"][len(UNKNOWN_NAME):].split(": ", 1)[0]
+    if qualified.rsplit("::", 1)[-1] in ALLOWED_TORCH_CPP_CALLS:
+        return False
+    lines = source.decode("utf-8", "replace").splitlines()
+    line = lines[errors[0]["line"] - 1] if 0 < (errors[0].get("line") or 0) <= len(lines) else ""
+    return re.search(re.escape(qualified) + r"\s*(?:<[^<>;]*>)?\s*\(", line) is not None
+
+
 def is_plain_syntax_error(diagnostics: list[dict], unit_rel: str, source: bytes) -> bool:
     """True when the first error is a syntax error in the unit's own file and no unknown torch macro is used."""
     errors = [d for d in diagnostics if d.get("file")]
@@ -72,7 +93,7 @@ def shim_gap_reason(role: str, rel: str, source: bytes, diagnostics: list[dict])
     touches_torch = role == "binding" or includes_torch(source)
     if not touches_torch:
         return None
-    if is_plain_syntax_error(diagnostics, rel, source):
+    if is_plain_syntax_error(diagnostics, rel, source) or is_unknown_torch_name(diagnostics, rel, source):
         return None
     first = next((d for d in diagnostics if d.get("message")), {"message": "compile failed"})
     where = f"{first.get('file')}:{first.get('line')}: " if first.get("file") else ""

@@ -1,0 +1,119 @@
+"""The command line a newcomer meets: one default backend, refusals up front, plain help, exit codes, progress."""
+
+import re
+
+import click
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cuda_agent import contracts
+from cuda_agent.cli import app
+
+runner = CliRunner()
+TYPE_LABEL = re.compile(r"<(?:bool|str|int|float|path|file|directory|list\[[^\]]*\])>")
+
+
+def _commands(group: click.Command, path=()):
+    yield path, group
+    for name, command in getattr(group, "commands", {}).items():
+        yield from _commands(command, (*path, name))
+
+
+COMMANDS = list(_commands(typer.main.get_command(app)))
+
+
+@pytest.mark.parametrize("path,command", COMMANDS, ids=[" ".join(p) or "root" for p, _ in COMMANDS])
+def test_help_has_descriptions_no_type_labels_and_a_readable_usage(path, command):
+    result = runner.invoke(app, [*path, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert not TYPE_LABEL.search(result.output), result.output
+    usage = next(line for line in result.output.splitlines() if "Usage:" in line)
+    assert "{" not in usage and "}" not in usage, usage
+    for param in command.params:
+        if isinstance(param, click.Option):
+            assert param.help, f"{' '.join(path)} {param.opts[0]} has no description"
+
+
+def test_every_backend_option_defaults_to_auto():
+    found = {" ".join(path): p.default for path, c in COMMANDS for p in c.params if p.name == "backend"}
+    assert {"bench", "evaluate", "fast-build", "submit", "solve", "rollout"} <= set(found)
+    from agent.config import AgentConfig, load_agent_config
+
+    for name, default in found.items():  # the agent's commands take the config's backend when not given
+        assert default == "auto" or (default is None and name in ("solve", "rollout")), (name, default)
+    assert AgentConfig().backend == "auto"
+    assert load_agent_config("agent").backend == "auto" == load_agent_config("agent_eval").backend
+
+
+def test_auto_resolves_and_cuda_without_a_gpu_is_refused():
+    assert contracts.resolve_backend("auto", gpu_count=lambda: 0) == "host"
+    assert contracts.resolve_backend("auto", gpu_count=lambda: 2) == "cuda"
+    assert contracts.resolve_backend("host", gpu_count=lambda: 0) == "host"
+    with pytest.raises(contracts.BackendError, match="needs an NVIDIA GPU"):
+        contracts.resolve_backend("cuda", gpu_count=lambda: 0)
+    assert contracts.check_job_settings({"backend": "auto"}) == {"backend": "auto"}
+
+
+def _no_gpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _no_gpu(), reason="this machine has a GPU")
+@pytest.mark.parametrize("argv", [
+    ["bench", "examples/tasks/row_l2_norm.py", "--backend", "cuda"],
+    ["evaluate", "examples/tasks/row_l2_norm.py", "examples/solutions/host/row_l2_norm", "--backend", "cuda"],
+    ["solve", "examples/tasks/row_l2_norm.py", "--backend", "cuda"],
+    ["rollout", "examples/tasks/row_l2_norm.py", "--backend", "cuda"],
+])
+def test_a_backend_this_machine_cannot_run_is_refused_in_one_line(argv):
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: backend cuda needs an NVIDIA GPU"), lines
+
+
+def test_fast_build_refuses_cuda_without_a_cuda_toolkit(monkeypatch):
+    from evaluator_cuda.extension.fast import toolchain
+
+    monkeypatch.setattr(toolchain, "find_cuda_home", lambda: None)
+    toolchain.find_toolchain.cache_clear()
+    try:
+        result = runner.invoke(app, ["fast-build", "examples/solutions/cuda/layernorm", "--backend", "cuda"])
+    finally:
+        toolchain.find_toolchain.cache_clear()
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: backend cuda: no CUDA toolkit found (set CUDA_HOME; nvcc and include/cuda_runtime_api.h needed)"]
+
+
+def test_exit_codes_tell_verdicts_usage_refusals_and_infrastructure_apart():
+    from evaluator_cuda import exit_codes
+
+    assert exit_codes.exit_code(["correct", "correct"]) == exit_codes.OK == 0
+    assert exit_codes.exit_code(["correct", "incorrect"]) == exit_codes.VERDICT_FAILURE == 1
+    assert exit_codes.exit_code(["correct"], refused_tasks=1) == exit_codes.TASK_REFUSED == 3
+    assert exit_codes.exit_code(["compile_error", "infra_error"], refused_tasks=1) == exit_codes.INFRA_FAILURE == 4
+    assert exit_codes.USAGE_ERROR == 2
+    for command in ("bench", "evaluate"):
+        help_text = " ".join(runner.invoke(app, [command, "--help"], terminal_width=200).output.split())
+        assert "Exit codes: 0" in help_text and "4 infrastructure failure" in help_text
+
+
+def test_evaluate_says_each_step_and_its_timeout_stops_a_hanging_candidate(tmp_path):
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time\n\nimport torch\n\n\nclass ModelNew(torch.nn.Module):\n"
+                    "    def __init__(self, *args):\n        super().__init__()\n\n"
+                    "    def forward(self, x):\n        time.sleep(1000)\n        return x\n")
+    result = runner.invoke(app, ["evaluate", "examples/tasks/row_l2_norm.py", str(hang), "--backend", "host",
+                                 "--no-profile", "--timeout", "2", "--cache-dir", str(tmp_path / "cache")])
+    assert result.exit_code == 1, result.output  # a verdict failure
+    import json
+
+    record = json.loads(result.stdout)
+    assert record["status"] == "runtime_error" and "within 2 s" in record["message"]
+    steps = [line.split("] ", 1)[1] for line in result.stderr.splitlines() if line.startswith("[")]
+    assert steps[0] == "starting the sandboxed children ..."
+    assert "running the candidate's calls ..." in steps
