@@ -288,8 +288,10 @@ def _load(reference: Child, candidate: Child, task: Task, solution: Solution, se
 
 
 def _reference_loaded(reference: Child, settings: EvalSettings) -> dict:
+    """The reference's load: an import (torch, the task's model) like the candidate's, so it gets the
+    import limit when that is longer than the per-request child limit (a short `--timeout`)."""
     try:
-        loaded = reference.result(settings.child_timeout_s)
+        loaded = reference.result(max(settings.child_timeout_s, settings.import_timeout_s))
     except ChildFailed as exc:
         raise Verdict("infra_error", str(exc)) from None
     if not loaded.get("ok"):
