@@ -14,7 +14,7 @@ from policy_jax.checkpoint import TrainCheckpointer
 from policy_jax.demo_data import demo_rows
 from policy_jax.run_config import load_run_config
 from policy_jax.sharding import MeshConfig, make_mesh
-from policy_jax.stages import BatchIterator, PPOStates, PPOUpdater, run_rft, take_rows
+from policy_jax.stages import BatchIterator, PPOStates, PPOUpdater, run_rft, take_rows, to_device
 from policy_jax.train_run import new_state
 
 CFG = load_run_config("configs/tiny.yaml")
@@ -104,8 +104,6 @@ def test_ppo_metrics_are_the_token_weighted_mean_of_every_mini_batch_of_every_ep
 
     # The same four updates one by one, their metrics kept, then averaged here with NumPy.
     states = fresh()
-    from policy_jax.stages import to_device
-
     policy, value, _ = updater.prepare(states.actor, states.critic, to_device(host_tb, mesh))
     actor_metrics, critic_metrics = [], []
     for _epoch in range(2):
