@@ -51,13 +51,18 @@ def _solution_dir(solutions: Path | None, backend: str, stem: str) -> Path | Non
 
 
 def load_chat_tokenizer(spec: str | None):
-    """None: the built-in demo tokenizer; a directory: a Hugging Face model's tokenizer; a file: tokenizer.json."""
+    """None: the built-in demo tokenizer; "workspace": the built-in tokenizer learnt from the example
+    tasks' episode text; a directory: a Hugging Face model's tokenizer; a file: tokenizer.json."""
     from agent.chat import TokenizerAdapter
 
     if spec is None:
         from agent.demo_tokenizer import demo_tokenizer
 
         return TokenizerAdapter(demo_tokenizer())
+    if spec == "workspace":
+        from agent.demo_tokenizer import workspace_tokenizer
+
+        return TokenizerAdapter(workspace_tokenizer())
     path = Path(spec)
     if path.is_dir():
         from policy_jax.tokenizer import load_tokenizer
@@ -166,7 +171,7 @@ def solve(
     config: str = typer.Option("agent_tiny", help="Agent config name under configs/ or a YAML path."),
     backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
     bridge: Optional[str] = typer.Option(None, help="Broker endpoint; default: start a local broker and workers."),
-    tokenizer: Optional[str] = typer.Option(None, help="Model directory or tokenizer.json (default: built-in demo tokenizer)."),
+    tokenizer: Optional[str] = typer.Option(None, help="Model directory, tokenizer.json or \"workspace\" (built in; default: the built-in demo tokenizer)."),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint, e.g. http://host:8000/v1"),
     model: Optional[str] = typer.Option(None, help="Model name at the endpoint."),
     model_dir: Optional[str] = typer.Option(None, help="Hugging Face model directory for --policy jax."),
@@ -219,7 +224,7 @@ def rollout(
     config: str = typer.Option("agent", help="Agent config name under configs/ or a YAML path."),
     backend: Optional[str] = typer.Option(None, help=BACKEND_HELP),
     bridge: Optional[str] = typer.Option(None, help="Broker endpoint; default: start a local broker and workers."),
-    tokenizer: Optional[str] = typer.Option(None, help="Model directory or tokenizer.json."),
+    tokenizer: Optional[str] = typer.Option(None, help="Model directory, tokenizer.json or \"workspace\" (built in; default: the built-in demo tokenizer)."),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint for --policy openai."),
     model: Optional[str] = typer.Option(None, help="Model name at the endpoint (--policy openai)."),
     model_dir: Optional[str] = typer.Option(None, help="Hugging Face model directory for --policy jax."),
@@ -288,7 +293,7 @@ def train_loop(
     config: Path = typer.Option(..., help="Training run config (model, ppo, sampling; train.global_batch_size episodes per iteration), e.g. configs/tiny_loop.yaml."),
     iterations: int = typer.Option(2, help="On-policy iterations: rollouts with the current actor, then one PPO step."),
     agent_config: str = typer.Option("agent_loop", help="Agent config name under configs/ or a YAML path (episodes must fit train.seq_len)."),
-    tokenizer: Optional[str] = typer.Option(None, help="Model directory or tokenizer.json (default: built-in demo tokenizer)."),
+    tokenizer: Optional[str] = typer.Option(None, help="Model directory, tokenizer.json or \"workspace\" (built in; default: the built-in demo tokenizer)."),
     init_from: Optional[str] = typer.Option(None, help="Hugging Face checkpoint the actor and critic start from (default: random)."),
     bridge: Optional[str] = typer.Option(None, help="Broker endpoint; default: start a local broker and workers."),
     episodes_dir: Optional[Path] = typer.Option(None, help="Where the workspaces go (default: a new folder under the agent config's episodes_root)."),

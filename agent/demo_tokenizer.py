@@ -1,12 +1,19 @@
-"""A small byte-level BPE tokenizer with the ChatML special tokens, built in code.
+"""Small byte-level BPE tokenizers with the ChatML special tokens, built in code.
 
 For tests and demos of the scripted policy when no model tokenizer is at hand (no download).
-It encodes any text (byte-level) and decodes it back exactly; it is not a model's tokenizer.
+Both encode any text (byte-level) and decode it back exactly; neither is a model's tokenizer.
+
+- `demo_tokenizer`: 523 tokens learnt from a few lines of kernel-workspace text.
+- `workspace_tokenizer`: 4,096 tokens learnt from the text an episode of the example tasks is
+  made of (the system prompt, SKILL.md, the example tasks and their solutions), merging across
+  spaces, so that an episode is about 2,200 tokens instead of 9,000: short enough to train a tiny
+  policy on a CPU in minutes (the CPU first run, README).
 """
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 from agent.chat import IM_END, IM_START
 
@@ -41,4 +48,33 @@ def demo_tokenizer(vocab_size: int = 1024):
         show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    return tokenizer
+
+
+def workspace_corpus() -> list[str]:
+    """The text of an example-task episode: system prompt, SKILL.md, example tasks and solutions."""
+    from agent.prompts import system_prompt
+    from agent.tools import default_tools
+
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "cuda_agent" / "templates" / "SKILL.md", *sorted((root / "examples" / "tasks").glob("*.py"))]
+    files += sorted(p for p in (root / "examples" / "solutions").rglob("*") if p.is_file() and p.suffix != ".pyc")
+    return [system_prompt(default_tools()), *(p.read_text() for p in files)]
+
+
+@functools.lru_cache(maxsize=2)
+def workspace_tokenizer(vocab_size: int = 4096):
+    """A `tokenizers.Tokenizer` learnt from `workspace_corpus()` (and the demo lines), merging across spaces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS * 4 + workspace_corpus(), trainer=trainer)
     return tokenizer

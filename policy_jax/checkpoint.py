@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from policy_jax.train_state import TrainState
@@ -24,11 +25,24 @@ def _arrays_of(state: TrainState) -> dict[str, Any]:
     return {"step": state.step, "params": state.params, "opt_state": state.opt_state, "rest": state.rest}
 
 
+def non_finite_leaves(tree: Any) -> list[str]:
+    """The paths of the floating-point leaves of `tree` that hold a NaN or an infinity."""
+    bad = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        if jnp.issubdtype(jnp.result_type(leaf), jnp.floating) and not bool(jnp.all(jnp.isfinite(leaf))):
+            bad.append(jax.tree_util.keystr(path))
+    return bad
+
+
 def _abstract_arrays_of(state: TrainState) -> dict[str, Any]:
     """Shapes, dtypes and shardings of `state`'s arrays: the target a restore fills."""
     return jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), _arrays_of(state)
     )
+
+
+def _first_few(paths: list[str], n: int = 3) -> str:
+    return ", ".join(paths[:n]) + (f" and {len(paths) - n} more" if len(paths) > n else "")
 
 
 class TrainCheckpointer:
@@ -53,8 +67,12 @@ class TrainCheckpointer:
         return self.save_every > 0 and step % self.save_every == 0
 
     def save(self, state: TrainState, data_position: dict[str, Any] | None = None, *, wait: bool = True) -> int:
-        """Write `state` under its step number; returns the step. `data_position` must be JSON-serialisable."""
+        """Write `state` under its step number; returns the step. `data_position` must be JSON-serialisable.
+        Raises CheckpointError, writing nothing, when a parameter is NaN or infinite."""
         step = int(jax.device_get(state.step))
+        bad = non_finite_leaves(state.params)
+        if bad:
+            raise CheckpointError(f"step {step}: not saved, non-finite parameters in {_first_few(bad)}")
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(_arrays_of(state)),
             data=ocp.args.JsonSave(dict(data_position or {})),
@@ -83,6 +101,10 @@ class TrainCheckpointer:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CheckpointError(f"checkpoint step {step} in {self.directory} does not fit this model/optimiser: {first}") from None
         arrays = restored["state"]
+        bad = non_finite_leaves(arrays["params"])
+        if bad:
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} holds non-finite parameters "
+                                  f"({_first_few(bad)}); delete it or resume from an earlier step")
         state = template.replace(
             step=arrays["step"], params=arrays["params"], opt_state=arrays["opt_state"], rest=arrays["rest"]
         )

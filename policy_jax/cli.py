@@ -32,9 +32,10 @@ def _short(record: dict) -> str:
 
 
 def train(
-    stage: str = typer.Option(..., help="rft | value | ppo"),
+    stage: Optional[str] = typer.Option(None, help="rft | value | ppo (default: every stage of the config's `stages`)"),
     config: Path = typer.Option(..., help="run config YAML (configs/tiny.yaml, configs/h200_0p5b.yaml, ...)"),
-    data: Path = typer.Option(..., help="trajectory parquet (columns tokens, loss_mask, rollout_logprobs, reward)"),
+    data: Optional[Path] = typer.Option(None, help="trajectory parquet (columns tokens, loss_mask, rollout_logprobs, "
+                                        "reward); with --stage"),
     steps: Optional[int] = typer.Option(None, help="total updates (PPO: iterations) for this stage; default train.steps"),
     init_from: Optional[str] = typer.Option(None, help="Hugging Face checkpoint directory for fresh models"),
     actor_from: Optional[str] = typer.Option(None, help="checkpoint directory whose actor parameters start this stage"),
@@ -43,19 +44,22 @@ def train(
     resume: bool = typer.Option(True, help="continue from this stage's latest checkpoint when there is one"),
     log_file: Optional[Path] = typer.Option(None, help="append every step's metrics as JSON lines"),
 ) -> None:
-    """Train one stage (RFT, value pretraining or PPO) on a trajectory file."""
+    """Train one stage (RFT, value pretraining or PPO) on a trajectory file, or, without --stage, the
+    stages the config lists in order (a finished stage is skipped, an interrupted one resumes)."""
     from policy_jax.checkpoint import CheckpointError
     from policy_jax.model_config import ModelConfigError
     from policy_jax.params_import import CheckpointError as ImportCheckpointError
     from policy_jax.run_config import RunConfigError, load_run_config
     from policy_jax.sharding import MeshConfigError
     from policy_jax.stages import StageError, read_trajectory_rows
-    from policy_jax.train_run import json_line, run_stage
+    from policy_jax.train_run import json_line, run_pipeline, run_stage
 
     expected = (RunConfigError, ModelConfigError, MeshConfigError, StageError, CheckpointError, ImportCheckpointError)
     try:
         cfg = load_run_config(config)
-        rows = read_trajectory_rows(data)
+        if stage is not None and data is None:
+            raise StageError("--stage needs --data")
+        rows = read_trajectory_rows(data) if stage is not None else None
         sink = open(log_file, "a") if log_file else None
 
         def log(record):
@@ -65,6 +69,13 @@ def train(
                 sink.flush()
 
         try:
+            if stage is None:
+                if steps is not None or actor_from or critic_from or not resume:
+                    raise StageError("--steps, --actor-from, --critic-from and --no-resume go with --stage")
+                latest = run_pipeline(cfg, init_from=init_from, checkpoint_root=checkpoint_dir, log=log)
+                for role, directory in latest.items():
+                    typer.echo(f"{role}: {directory}")
+                return
             states = run_stage(cfg, stage, rows, steps if steps is not None else cfg.train.steps,
                                init_from=init_from, actor_from=actor_from, critic_from=critic_from,
                                checkpoint_root=checkpoint_dir, resume=resume, log=log)

@@ -23,6 +23,7 @@ from policy_jax.rl.masked import LOSS_AGGREGATIONS
 LR_SCHEDULES = ("constant", "warmup_constant", "warmup_cosine")
 LOGPROB_PRECISIONS = ("fp32", "bf16")
 OLD_LOGPROB_SOURCES = ("recompute", "rollout")
+PIPELINE_STAGES = ("rft", "value", "ppo")
 
 
 class RunConfigError(ValueError):
@@ -157,6 +158,23 @@ class DistributedConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class StageSpec:
+    """One stage of the pipeline `cuda-agent train --config` runs: `stage` (rft | value | ppo) on the
+    trajectory parquet `data`, `steps` updates (PPO: iterations; default train.steps). Its actor and
+    critic start from the latest earlier stage that trained them (random or --init-from otherwise)."""
+
+    stage: str
+    data: str
+    steps: int | None = None
+
+    def __post_init__(self):
+        if self.stage not in PIPELINE_STAGES:
+            raise RunConfigError(f"stages: unknown stage {self.stage!r}: expected one of {PIPELINE_STAGES}")
+        if self.steps is not None and self.steps < 1:
+            raise RunConfigError(f"stages: {self.stage} steps must be >= 1, got {self.steps}")
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     name: str
     model: Any  # policy_jax.model_config.ModelConfig
@@ -169,6 +187,7 @@ class RunConfig:
     sampling: SamplingConfig = SamplingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     distributed: DistributedConfig = DistributedConfig()
+    stages: tuple[StageSpec, ...] = ()
 
 
 _SECTIONS = {
@@ -234,7 +253,7 @@ def run_config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
 
     if not isinstance(raw, Mapping):
         raise RunConfigError("a run config must be a YAML mapping")
-    known = {"name", "model", "mesh", *_SECTIONS}
+    known = {"name", "model", "mesh", "stages", *_SECTIONS}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise RunConfigError(f"unknown top-level keys: {', '.join(map(str, unknown))} (known: {', '.join(sorted(known))})")
@@ -250,7 +269,21 @@ def run_config_from_dict(raw: Mapping[str, Any]) -> RunConfig:
     except (ValueError, TypeError) as e:
         raise RunConfigError(f"mesh: {e}") from None
     sections = {name: _build_section(name, cls, raw.get(name)) for name, cls in _SECTIONS.items()}
-    return RunConfig(name=str(raw.get("name", "run")), model=model, mesh=mesh, **sections)
+    return RunConfig(name=str(raw.get("name", "run")), model=model, mesh=mesh, stages=_stages(raw.get("stages")),
+                     **sections)
+
+
+def _stages(raw: Any) -> tuple[StageSpec, ...]:
+    """The `stages` list: mappings {stage, data, steps}; each stage at most once."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise RunConfigError(f"stages must be a list of mappings, got {type(raw).__name__}")
+    specs = tuple(_build_section("stages", StageSpec, item) for item in raw)
+    names = [s.stage for s in specs]
+    if len(set(names)) != len(names):
+        raise RunConfigError(f"stages: each stage may appear once, got {names}")
+    return specs
 
 
 def load_run_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:

@@ -148,3 +148,41 @@ def run_stage(
 
 def json_line(record: dict[str, Any]) -> str:
     return json.dumps(record, sort_keys=True, default=float)
+
+
+def _done_marker(cfg: RunConfig, stage: str, checkpoint_root: str | None) -> Path:
+    base = checkpoint_root or cfg.checkpoint.directory
+    return Path(base).expanduser() / stage / "DONE.json"
+
+
+def run_pipeline(cfg: RunConfig, *, init_from: str | None = None, checkpoint_root: str | None = None,
+                 rows_of: Callable[[str], Sequence[dict[str, Any]]] | None = None,
+                 log: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, str]:
+    """Run the config's `stages` in order; returns the checkpoint directory of the last actor and critic.
+
+    A stage whose DONE.json marker exists (written when it finished) is skipped; an interrupted one
+    resumes from its latest checkpoint (parameters, optimiser, step and data position; the batch order
+    follows from train.seed and that position). Each stage starts its actor and critic from the latest
+    earlier stage that trained them. Local checkpoint directories only (the marker is a local file).
+    """
+    from policy_jax.stages import read_trajectory_rows
+
+    if not cfg.stages:
+        raise StageError("the config has no `stages` list (or give --stage and --data)")
+    rows_of = rows_of or read_trajectory_rows
+    latest: dict[str, str] = {}
+    for spec in cfg.stages:
+        steps = spec.steps if spec.steps is not None else cfg.train.steps
+        marker = _done_marker(cfg, spec.stage, checkpoint_root)
+        roles = ("actor",) if spec.stage == "rft" else ("critic",) if spec.stage == "value" else ("actor", "critic")
+        if marker.is_file():
+            log({"stage": spec.stage, "event": "skipped", "reason": "finished", **json.loads(marker.read_text())})
+        else:
+            log({"stage": spec.stage, "event": "start", "data": spec.data, "steps": steps})
+            states = run_stage(cfg, spec.stage, rows_of(spec.data), steps, init_from=init_from,
+                               actor_from=latest.get("actor"), critic_from=latest.get("critic"),
+                               checkpoint_root=checkpoint_root, log=log)
+            marker.write_text(json.dumps({"steps": steps, **{r: int(s.step) for r, s in states.items()}}))
+        for role in roles:
+            latest[role] = checkpoint_dir(cfg, spec.stage, role, checkpoint_root)
+    return latest

@@ -4,9 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import orbax.checkpoint as ocp
 from flax import nnx
 
-from policy_jax.checkpoint import CheckpointError, TrainCheckpointer
+from policy_jax.checkpoint import CheckpointError, TrainCheckpointer, _arrays_of
 from policy_jax.run_config import load_run_config
 from policy_jax.sharding import MeshConfig, batch_sharding, make_mesh, shard_module
 from policy_jax.train_state import create_train_state, make_optimizer
@@ -104,3 +105,20 @@ def test_restore_into_a_different_model_is_a_clear_error(mesh, tmp_path):
         wider = CFG.model.replace(intermediate_size=CFG.model.intermediate_size * 2)
         with pytest.raises(CheckpointError, match="does not fit"):
             ck.restore(fresh_state(mesh, model_cfg=wider))
+
+
+def test_a_non_finite_state_is_never_saved_nor_resumed(mesh, tmp_path):
+    state = fresh_state(mesh)
+    first = jax.tree.leaves(state.params)[0]
+    poisoned = state.replace(params=jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan) if x is first else x,
+                                                 state.params))
+    with TrainCheckpointer(tmp_path / "ck") as ck:
+        with pytest.raises(CheckpointError, match="step 0: not saved, non-finite parameters in"):
+            ck.save(poisoned)
+        assert ck.all_steps() == []
+        # A NaN checkpoint written by something else (an older trainer) is refused on restore.
+        ck._manager.save(0, args=ocp.args.Composite(state=ocp.args.StandardSave(_arrays_of(poisoned)),
+                                                    data=ocp.args.JsonSave({})))
+        ck._manager.wait_until_finished()
+        with pytest.raises(CheckpointError, match="checkpoint step 0 in .* holds non-finite parameters"):
+            ck.restore(fresh_state(mesh))

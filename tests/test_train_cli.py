@@ -21,6 +21,8 @@ def test_user_errors_are_one_line(tmp_path):
         (["--stage", "rft", "--config", "configs/tiny.yaml", "--data", str(tmp_path / "none.parquet")], "trajectory file not found"),
         (["--stage", "rft", "--config", str(tmp_path / "none.yaml"), "--data", str(data)], "no config file"),
         (["--stage", "sft", "--config", "configs/tiny.yaml", "--data", str(data)], "unknown stage 'sft'"),
+        (["--stage", "rft", "--config", "configs/tiny.yaml"], "--stage needs --data"),
+        (["--config", "configs/tiny.yaml"], "the config has no `stages` list"),
     ]
     long = tmp_path / "long.parquet"  # every trajectory longer than the tiny config's 64-token window
     assert invoke("train-demo-data", "--out", str(long), "--rows", "4", "--max-len", "400")[0] == 0
