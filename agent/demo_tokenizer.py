@@ -33,13 +33,13 @@ _CORPUS = [
 ]
 
 
-@functools.lru_cache(maxsize=4)
-def demo_tokenizer(vocab_size: int = 1024):
-    """A `tokenizers.Tokenizer` (byte-level BPE trained on a few lines of kernel-workspace text)."""
+def _train_bpe(corpus: list[str], vocab_size: int, use_regex: bool = True):
+    """A byte-level BPE `tokenizers.Tokenizer` with our special tokens, trained on `corpus`.
+    use_regex=False lets merges cross spaces (longer tokens on code)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -47,8 +47,14 @@ def demo_tokenizer(vocab_size: int = 1024):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
     return tokenizer
+
+
+@functools.lru_cache(maxsize=4)
+def demo_tokenizer(vocab_size: int = 1024):
+    """A `tokenizers.Tokenizer` (byte-level BPE trained on a few lines of kernel-workspace text)."""
+    return _train_bpe(_CORPUS * 4, vocab_size)
 
 
 def workspace_corpus() -> list[str]:
@@ -65,16 +71,4 @@ def workspace_corpus() -> list[str]:
 @functools.lru_cache(maxsize=2)
 def workspace_tokenizer(vocab_size: int = 4096):
     """A `tokenizers.Tokenizer` learnt from `workspace_corpus()` (and the demo lines), merging across spaces."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_CORPUS * 4 + workspace_corpus(), trainer=trainer)
-    return tokenizer
+    return _train_bpe(_CORPUS * 4 + workspace_corpus(), vocab_size, use_regex=False)
