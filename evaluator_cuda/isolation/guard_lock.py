@@ -36,6 +36,7 @@ PRECISION_SWITCHES = {
     "torch._C": """_set_cublas_allow_tf32 _set_cudnn_allow_tf32 _set_float32_matmul_precision
         _set_cublas_allow_bf16_reduced_precision_reduction _set_cublas_allow_fp16_reduced_precision_reduction
         _set_cpu_allow_fp16_reduced_precision_reduction _set_onednn_allow_tf32 _set_fp32_precision_setter
+        _set_cublas_allow_fp16_accumulation
         _set_default_dtype set_flush_denormal""",
     "torch": "set_float32_matmul_precision set_default_dtype set_default_tensor_type set_flush_denormal",
 }
@@ -49,7 +50,8 @@ STACK_PRIMITIVES = {
 PRECISION_GETTERS = ("_get_cublas_allow_tf32", "_get_cudnn_allow_tf32", "_get_float32_matmul_precision",
                      "_get_cublas_allow_bf16_reduced_precision_reduction",
                      "_get_cublas_allow_fp16_reduced_precision_reduction",
-                     "_get_cpu_allow_fp16_reduced_precision_reduction", "_get_onednn_allow_tf32")
+                     "_get_cpu_allow_fp16_reduced_precision_reduction", "_get_onednn_allow_tf32",
+                     "_get_cublas_allow_fp16_accumulation")
 
 _TRUSTED: tuple[str, ...] = ()
 _PRECISION: dict = {}

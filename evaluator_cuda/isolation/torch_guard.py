@@ -82,7 +82,8 @@ def bind_state_getters() -> None:
     if not _STATE_GETTERS:
         names = ("_is_torch_function_enabled", "_is_torch_function_mode_enabled", "_get_torch_function_state",
                  "_len_torch_function_stack", "_get_function_stack_at", "_len_torch_dispatch_stack",
-                 "_get_dispatch_stack_at", "_dispatch_tls_local_exclude_set", "_dispatch_tls_local_include_set")
+                 "_get_dispatch_stack_at", "_dispatch_tls_local_exclude_set", "_dispatch_tls_local_include_set",
+                 "_pop_torch_function_stack", "_pop_torch_dispatch_stack")
         _STATE_GETTERS.update({name: getattr(torch._C, name) for name in names})
 
 
@@ -147,6 +148,20 @@ def _build_modes():
 _MODES = None
 
 
+def _check_unchanged(before: tuple) -> ForbiddenGuardSwitch | None:
+    """The refusal (recorded) if the guard state differs from `before`; modes the candidate left above the
+    guard's are popped, so that the guard's own modes exit cleanly."""
+    if guard_state() == before:
+        return None
+    get = _STATE_GETTERS
+    while get["_len_torch_function_stack"]() > len(before[3]):
+        get["_pop_torch_function_stack"]()
+    while get["_len_torch_dispatch_stack"]() > len(before[4]):
+        get["_pop_torch_dispatch_stack"]()
+    return record_refusal(ForbiddenGuardSwitch(
+        "guard_switch", "the torch-compute guard was switched off or changed during the call"))
+
+
 @contextlib.contextmanager
 def refuse_torch_compute(enabled: bool = True):
     """Context manager: inside it torch computes nothing except allocation, views and metadata."""
@@ -159,7 +174,9 @@ def refuse_torch_compute(enabled: bool = True):
     python_mode, aten_mode = _MODES
     with python_mode(), aten_mode():
         before = guard_state()
-        yield
-        if guard_state() != before:  # checked before the modes exit (a popped mode would fail there first)
-            raise record_refusal(ForbiddenGuardSwitch(
-                "guard_switch", "the torch-compute guard was switched off or changed during the call"))
+        try:
+            yield
+        finally:  # checked before the modes exit, whether the call raised or not
+            changed = _check_unchanged(before)
+        if changed:
+            raise changed
