@@ -213,3 +213,11 @@ def test_honest_cpp_with_using_and_metadata_methods_passes(build_cache):
     assert check_solution_sources(solution.files) == []
     record = evaluate(AXPY_TASK, solution, host(build_cache))
     assert record["status"] == "correct", record["message"]
+
+
+def test_prose_naming_tensor_methods_is_not_cpp():
+    """A docstring that mentions `x.matmul(w)` is prose; the same text in a C++ source string is compute."""
+    prose = 'class ModelNew:\n    """Equivalent to x.matmul(w) followed by y.relu(), fused in one kernel."""\n'
+    assert check_python_source("model_new.py", prose) == []
+    source = 'SRC = "torch::Tensor f(torch::Tensor x, torch::Tensor w) { return x.matmul(w); }"\n'
+    assert [f.reason for f in check_python_source("model_new.py", source)] == ["torch_compute_cpp"]

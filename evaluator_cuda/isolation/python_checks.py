@@ -200,8 +200,9 @@ class PythonChecker:
     def _string(self, node: ast.Constant, line: int) -> list[Finding]:
         text = node.value
         if len(text) > 40:
-            return [Finding((f.reason, f.message.replace(f"{self.name}:", f"{self.name} (string at line {line}), line ",
-                                                         1))) for f in check_cpp_source(self.name, text)]
+            where = f"{self.name} (string at line {line}), line "
+            return [Finding((f.reason, f.message.replace(f"{self.name}:", where, 1)))
+                    for f in check_cpp_source(self.name, text, sees_torch=_looks_like_cpp(text))]
         if not _IDENTIFIER.fullmatch(text):
             return []
         reasons = [r for part in text.split(".") for r in name_reasons(part) if r != "introspection"]
@@ -230,6 +231,11 @@ class PythonChecker:
                 found.append(_finding("fallback", self.name, node.lineno,
                                       f"defines {node.name} (a context manager can swallow exceptions)"))
         return found
+
+
+def _looks_like_cpp(text: str) -> bool:
+    """A load_inline source (statements and braces, or an include), not prose such as a docstring."""
+    return "#include" in text or (";" in text and "{" in text)
 
 
 def _import_only(statement: ast.stmt) -> bool:
