@@ -13,7 +13,8 @@ import pytest
 from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.isolation.static_checks import check_python_source, check_solution_sources
 from evaluator_cuda.solutions import Solution
-from evaluator_helpers import AXPY_TASK, BINDING, build_cache, host, kernelbench, model_new_with, workspace  # noqa: F401
+from evaluator_helpers import (AXPY_TASK, BINDING, build_cache, host, kernelbench, model_new_with,  # noqa: F401
+                               workspace)
 
 HONEST_CALL = "return cuda_extension.axpy_forward(x, y, float(self.alpha))"
 TOKEN_CALL = "cuda_extension.axpy_forward(x, y, 0.0)\n"  # one call into the extension, its result unused
@@ -153,9 +154,11 @@ def test_names_are_resolved_before_the_rules(tmp_path, case, fmt):
 
 def test_honest_aliases_and_import_fallbacks_pass(build_cache):
     """Aliases of harmless names, getattr on the candidate's own object, try/except around an import."""
-    prelude = "import torch.nn.functional as F\nfrom torch import nn as tnn\ntry:\n    import numpy\nexcept ImportError:\n" \
+    prelude = "import torch.nn.functional as F\nfrom torch import nn as tnn\n" \
+              "try:\n    import numpy\nexcept ImportError:\n" \
               "    numpy = None\nEXT = cuda_extension\n"
-    body = "fn = getattr(EXT, 'axpy_forward')\nalpha = getattr(self, 'alpha')\nreturn fn(x.contiguous(), y, float(alpha))"
+    body = "fn = getattr(EXT, 'axpy_forward')\nalpha = getattr(self, 'alpha')\n" \
+           "return fn(x.contiguous(), y, float(alpha))"
     assert check_python_source("model_new.py", model_new_with(body, prelude=prelude)) == []
     record = evaluate(AXPY_TASK, workspace(model_new=model_new_with(body, prelude=prelude)), host(build_cache))
     assert record["status"] == "correct", record["message"]
@@ -175,7 +178,8 @@ CPP = {  # binding body (x, y, a, out in scope) or a line before the function ->
 
 def binding_with(before: str, body: str) -> Solution:
     files = dict(workspace().files)
-    text = BINDING.replace("BODY", body).replace('#include "binding_registry.h"', f'#include "binding_registry.h"\n{before}')
+    include = '#include "binding_registry.h"'
+    text = BINDING.replace("BODY", body).replace(include, f"{include}\n{before}")
     files["kernels/axpy_binding.cpp"] = text.encode()
     return Solution("workspace", files, "model_new.py", "axpy")
 
@@ -197,7 +201,8 @@ def test_cpp_forms_are_rejected_in_both_formats(tmp_path, case):
 
 
 def test_cpp_tensor_method_is_refused_at_run_time_too(build_cache):
-    record = evaluate(AXPY_TASK, binding_with("", "out.copy_(x.mul(a).add(y));"), host(build_cache, static_checks=False))
+    solution = binding_with("", "out.copy_(x.mul(a).add(y));")
+    record = evaluate(AXPY_TASK, solution, host(build_cache, static_checks=False))
     assert record["status"] == "incorrect" and record["reward"] == -1, record["message"]
     assert "not allowed" in record["message"], record["message"]
 
@@ -207,7 +212,8 @@ def test_honest_cpp_with_using_and_metadata_methods_passes(build_cache):
     metadata methods are not torch compute."""
     before = "using namespace torch;\nstatic float relu(float v) { return v > 0 ? v : 0; }\n" \
              "namespace T = torch;"
-    body = "TORCH_CHECK(x.dim() == 1 && x.size(0) == out.numel() && relu(1.0f) == 1.0f && exp(0.0) == 1.0, \"shape\");\n" \
+    body = "TORCH_CHECK(x.dim() == 1 && x.size(0) == out.numel(), \"shape\");\n" \
+           "  TORCH_CHECK(relu(1.0f) == 1.0f && exp(0.0) == 1.0, \"scalar math\");\n" \
            "  auto spare = T::empty_like(out); (void)spare;"
     solution = binding_with(before, body)
     assert check_solution_sources(solution.files) == []

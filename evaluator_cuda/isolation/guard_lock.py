@@ -26,7 +26,8 @@ SWITCHES = {
     "torch._C": """DisableTorchFunction _DisableTorchFunction _disabled_torch_function_impl _DisableTorchDispatch
         _DisablePythonDispatcher _EnablePythonDispatcher _unset_dispatch_mode _set_dispatch_mode
         ExcludeDispatchKeyGuard _ExcludeDispatchKeyGuard _IncludeDispatchKeyGuard _ForceDispatchKeyGuard
-        _SetExcludeDispatchKeyGuard _AutoDispatchBelowAutograd _AutoDispatchBelowADInplaceOrView _RestorePythonTLSSnapshot
+        _SetExcludeDispatchKeyGuard _AutoDispatchBelowAutograd _AutoDispatchBelowADInplaceOrView
+        _RestorePythonTLSSnapshot
         _set_torch_function_state _dispatch_tls_set_dispatch_key_excluded _dispatch_tls_set_dispatch_key_included
         _skip_one_hop_torch_function _set_skip_next_torch_function""",
     "torch.utils._python_dispatch": "_disable_current_modes _disable_infra_mode _unset_infra_mode",

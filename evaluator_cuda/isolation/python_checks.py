@@ -179,7 +179,8 @@ class PythonChecker:
             if attr is None:
                 computed = _root_name(node.args[0]) != "self"
                 return [_finding("introspection", self.name, line, "getattr with a computed name")] if computed else []
-            return [_finding(r, self.name, line, f"gets .{attr}") for r in name_reasons(attr)] + self._resolved(node, line)
+            named = [_finding(r, self.name, line, f"gets .{attr}") for r in name_reasons(attr)]
+            return named + self._resolved(node, line)
         return []
 
     def _attribute(self, node: ast.Attribute, line: int) -> list[Finding]:
@@ -223,10 +224,12 @@ class PythonChecker:
         for node in ast.walk(self.tree):
             if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
                 if node.handlers and not all(_import_only(s) for s in node.body):
-                    found.append(_finding("fallback", self.name, node.lineno,
-                                          "try/except around code that is not an import (a fallback path is not allowed)"))
-                if any(isinstance(n, (ast.Return, ast.Break, ast.Continue)) for s in node.finalbody for n in ast.walk(s)):
-                    found.append(_finding("fallback", self.name, node.lineno, "a finally block that swallows exceptions"))
+                    what = "try/except around code that is not an import (a fallback path is not allowed)"
+                    found.append(_finding("fallback", self.name, node.lineno, what))
+                jumps = (ast.Return, ast.Break, ast.Continue)
+                if any(isinstance(n, jumps) for s in node.finalbody for n in ast.walk(s)):
+                    what = "a finally block that swallows exceptions"
+                    found.append(_finding("fallback", self.name, node.lineno, what))
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("__exit__", "__aexit__"):
                 found.append(_finding("fallback", self.name, node.lineno,
                                       f"defines {node.name} (a context manager can swallow exceptions)"))
