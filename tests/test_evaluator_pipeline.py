@@ -52,6 +52,8 @@ def test_aten_compute_from_cpp_binding_is_refused(build_cache):
     record = evaluate(AXPY_TASK, workspace("+", binding_body="out = out.relu();"), host(build_cache))  # a tensor method: invisible to the static check
     assert record["status"] == "incorrect", record["message"]
     assert "relu" in record["message"] and "not allowed" in record["message"]
+    # the torch build made it, and the record says why the fast build handed over
+    assert record["build"]["path"] == "torch" and record["build"]["fast_fallback"]
 
 
 @pytest.mark.parametrize(
