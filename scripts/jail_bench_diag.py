@@ -26,12 +26,15 @@ def sampler():
                     try:
                         st = open(f"/proc/{d}/stat").read(); comm = st[st.index("(")+1:st.rindex(")")]
                         r = st[st.rindex(")")+2:].split()
-                        procs[int(d)] = (int(r[1]), comm, r[0], int(r[11])+int(r[12]), int(r[17]), os.stat(f"/proc/{d}").st_uid)
+                        uid = os.stat(f"/proc/{d}").st_uid
+                        procs[int(d)] = (int(r[1]), comm, r[0], int(r[11]) + int(r[12]), int(r[17]), uid)
                     except Exception: pass
             desc, fr = set(), {me}
             while fr:
                 nx = {p for p, v in procs.items() if v[0] in fr and p not in desc}; desc |= nx; fr = nx
-            f.write(f"{time.monotonic()-T0:6.1f} " + " | ".join(f"{p}:{procs[p][1]}:{procs[p][2]}:c{procs[p][3]}:t{procs[p][4]}:u{procs[p][5]}" for p in sorted(desc)) + "\n"); f.flush()
+            rows = [f"{p}:{procs[p][1]}:{procs[p][2]}:c{procs[p][3]}:t{procs[p][4]}:u{procs[p][5]}" for p in sorted(desc)]
+            f.write(f"{time.monotonic()-T0:6.1f} " + " | ".join(rows) + "\n")
+            f.flush()
             stop.wait(1.0)
 threading.Thread(target=sampler, daemon=True).start()
 from evaluator_cuda.bench.run import run_bench
@@ -40,9 +43,12 @@ tasks = Path(tempfile.mkdtemp());
 for t in ("gemm_bias_gelu.py", "row_l2_norm.py"): shutil.copy(ROOT / "examples/tasks" / t, tasks / t)
 for jail in (True, False):
     if time.monotonic() > DEADLINE: log("deadline"); break
-    settings = EvalSettings.for_backend(os.environ.get("DIAG_BACKEND", "cuda"), jail_children=jail, cache_dir=tempfile.mkdtemp(prefix=f"diag-{jail}-"))
+    settings = EvalSettings.for_backend(os.environ.get("DIAG_BACKEND", "cuda"), jail_children=jail,
+                                        cache_dir=tempfile.mkdtemp(prefix=f"diag-{jail}-"))
     log(f"=== bench jail={jail}")
     res = run_bench(tasks, ROOT / "examples/solutions", settings, OUT / f"bench_{jail}")
     for r in res.records:
-        log(json.dumps({"jail": jail, "cand": r.get("candidate") or r.get("solution"), "status": r["status"], "wall_s": r.get("wall_s"), "warm": r.get("children_warm_s"), "build": r.get("build")}), flush=True)
+        row = {"jail": jail, "cand": r.get("candidate"), "status": r["status"], "wall_s": r.get("wall_s"),
+               "warm": r.get("children_warm_s"), "build": r.get("build")}
+        log(json.dumps(row))
 stop.set(); log("diag done")
