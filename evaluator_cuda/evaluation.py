@@ -215,7 +215,8 @@ def _extension(solution: Solution, settings: EvalSettings, artifact: bytes | Non
         return path
     say("building the extension (a first build takes longer)")
     built = build_workspace(solution.files, settings)
-    record["build"].update(seconds=round(built.build_seconds, 4), cache_hit=built.cache_hit, key=built.key)
+    record["build"].update(seconds=round(built.build_seconds, 4), cache_hit=built.cache_hit, key=built.key,
+                           path=built.path or None, fast_fallback=built.fast_fallback)
     record["wall_s"]["build"] = round(built.build_seconds, 4)
     if built.status != "built":
         raise Verdict(built.status, built.diagnostics[0]["message"] if built.diagnostics else "build failed",

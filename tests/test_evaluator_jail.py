@@ -260,3 +260,27 @@ def test_the_jail_is_on_by_default_for_host_and_opt_in_for_cuda():
     assert sandbox.child_guard(EvalSettings.for_backend("cuda"))["jail"]["enabled"] is False
     assert sandbox.jails_children(EvalSettings.for_backend("cuda", jail_children=True))
     assert not sandbox.jails_children(EvalSettings.for_backend("host", jail_children=False))
+
+
+def test_a_jailed_compiler_sees_the_cuda_toolkit_wherever_it_is(build_cache, tmp_path):
+    """On the GPU machine the toolkit lies outside the jail's system folders: a jailed fast build
+    could not run nvcc there and every build fell back to the torch build. A toolkit-like folder
+    outside the view: its tool runs with toolkit_binds, and cannot be found without."""
+    from evaluator_cuda.extension.fast.stage import run_compiler, toolkit_binds
+
+    toolkit = tmp_path / "toolkit"
+    (toolkit / "bin").mkdir(parents=True)
+    tool = toolkit / "bin" / "nvcc"
+    tool.write_text("#!/bin/sh\necho toolkit tool ran\n")
+    tool.chmod(0o755)
+    os.chmod(tmp_path, 0o755)
+    link = tmp_path / "cuda"
+    link.symlink_to(toolkit)  # like /usr/local/cuda pointing elsewhere
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    with sandbox.own_uid(sandbox.child_guard(_settings(build_cache))["jail"]) as jail:
+        sandbox.hand_over(stage, jail["uid"])
+        code, text = run_compiler([str(tool)], stage, 30, jail, toolkit_binds(str(link)))
+        assert code == 0 and "toolkit tool ran" in text, text
+        code, text = run_compiler([str(tool)], stage, 30, jail)
+        assert code != 0 and "toolkit tool ran" not in text

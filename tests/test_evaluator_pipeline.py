@@ -12,6 +12,7 @@ import pytest
 
 from evaluator_cuda.timing.baselines import BaselineCache, baseline_key
 from evaluator_cuda.evaluation import evaluate
+from evaluator_cuda.isolation.static_checks import check_solution_sources
 from evaluator_cuda.service import compile_job, evaluate_job, job_settings
 from evaluator_cuda.settings import EvalSettings
 from evaluator_cuda.solutions import Solution, reference_solution
@@ -49,9 +50,15 @@ def test_compile_error_gives_file_and_line(build_cache):
 @pytest.mark.slow  # a torch build (the fast build cannot take ATen compute)
 def test_aten_compute_from_cpp_binding_is_refused(build_cache):
     """A binding that computes with torch::relu (ATen) is refused at the dispatcher (docs/cheats.md #16)."""
-    record = evaluate(AXPY_TASK, workspace("+", binding_body="out = out.relu();"), host(build_cache))  # a tensor method: invisible to the static check
+    # static checks off: they now refuse the tensor method from the source (torch_compute_cpp) before any build;
+    # this test is the run-time refusal and the torch build's record
+    solution = workspace("+", binding_body="out = out.relu();")
+    assert [f.reason for f in check_solution_sources(solution.files)] == ["torch_compute_cpp"]
+    record = evaluate(AXPY_TASK, solution, host(build_cache, static_checks=False))
     assert record["status"] == "incorrect", record["message"]
     assert "relu" in record["message"] and "not allowed" in record["message"]
+    # the torch build made it, and the record says why the fast build handed over
+    assert record["build"]["path"] == "torch" and record["build"]["fast_fallback"]
 
 
 @pytest.mark.parametrize(

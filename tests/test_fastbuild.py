@@ -600,7 +600,8 @@ def test_build_adapter_speaks_evaluator_build_results(cache, tmp_path):
 
     needs_torch = {"kernels/op_binding.cpp": b"#include <torch/extension.h>\n#include \"binding_registry.h\"\n"
                    b"torch::Tensor op(torch::Tensor x) { return x.relu(); }\nREGISTER_BINDING(op, op);\n"}
-    assert fast_build_workspace(needs_torch, settings) is None  # the full build decides
+    handed_over = fast_build_workspace(needs_torch, settings)  # the full build decides, and is told why
+    assert handed_over.status == "fallback" and handed_over.fast_fallback
 
 
 def test_load_extension_picks_the_fast_loader(axpby_ext):

@@ -25,11 +25,15 @@ def build_workspace(files: dict[str, bytes], settings: EvalSettings) -> BuildRes
         diag = [{"file": "kernels/", "line": None,
                  "message": "no kernels/*_binding.cpp: nothing registers a function with REGISTER_BINDING"}]
         return BuildResult("compile_error", diag, None, 0.0, False)
+    fallback = None
     if settings.fast_build:
         fast = _fast_build(files, settings)
-        if fast is not None:
+        if fast is not None and fast.status != "fallback":
             return fast
-    return build_with_torch(sources, settings)
+        fallback = fast.fast_fallback if fast is not None else None
+    built = build_with_torch(sources, settings)
+    built.path, built.fast_fallback = "torch", fallback
+    return built
 
 
 _RUNTIME_READY: set[str] = set()  # fast-build cache folders whose binding runtime this process has ensured
@@ -47,8 +51,9 @@ def _trusted_guard(settings: EvalSettings) -> dict:
     return child_guard(dataclasses.replace(settings, jail_children=False))
 
 
-def _fast_build(files: dict[str, bytes], settings: EvalSettings) -> BuildResult | None:
-    """The fast path (evaluator_cuda.extension.fast): a result, or None when the torch build must decide.
+def _fast_build(files: dict[str, bytes], settings: EvalSettings) -> BuildResult:
+    """The fast path (evaluator_cuda.extension.fast): a result; status "fallback" (with the reason in
+    `fast_fallback`) when the torch build must decide.
 
     Its libraries need the binding runtime (a torch extension built once per machine); it is
     built here, in a build child, so a candidate process never compiles harness code.
@@ -58,7 +63,7 @@ def _fast_build(files: dict[str, bytes], settings: EvalSettings) -> BuildResult 
 
     result = fast_build_workspace(files, settings)
     folder = fast_build_dir(settings)
-    if result is None or result.status != "built" or str(folder) in _RUNTIME_READY or binding_runtime_ready(folder):
+    if result.status != "built" or str(folder) in _RUNTIME_READY or binding_runtime_ready(folder):
         return result
     begin = time.perf_counter()
     try:

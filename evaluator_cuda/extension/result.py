@@ -14,3 +14,5 @@ class BuildResult:
     cache_hit: bool
     key: str = ""
     log: str = ""
+    path: str = ""  # "fast" or "torch": which build made it (or failed)
+    fast_fallback: str | None = None  # why the fast build handed over to the torch build

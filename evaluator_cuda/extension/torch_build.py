@@ -30,6 +30,8 @@ from ..isolation.integrity import intact, seal
 from ..isolation.sandbox import Child, ChildFailed, child_guard, hand_over, own_uid
 from ..settings import EvalSettings
 from .diagnostics import parse_compiler_output
+from .fast.stage import toolkit_binds
+from .fast.toolchain import find_cuda_home
 from .flags import CXX_FLAGS, NVCC_FLAGS, torch_release
 from .pch import make_pch, ready_pch
 from .result import BuildResult
@@ -144,6 +146,8 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
         try:
             guard = child_guard(settings)
             binds = (Bind(str(work), writable=True),) + ((Bind(str(pch.parent)),) if pch else ())
+            if settings.backend == "cuda":
+                binds += toolkit_binds(find_cuda_home())
             with own_uid(guard["jail"]) as jail:
                 if jail["enabled"]:
                     hand_over(work, jail["uid"])

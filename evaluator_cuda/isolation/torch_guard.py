@@ -5,6 +5,9 @@ Two layers, both active around each checked forward call:
   `torch.matmul`, tensor methods, ...) and lets through only allocation, views and metadata;
 - a TorchDispatchMode sees every ATen operator that reaches the dispatcher, including those
   a C++ binding calls (`at::matmul`, `torch::relu`), with the same allow-list at ATen level.
+After the call the modes, the torch-function state and the dispatch-key sets must be as they were
+(a candidate that switched the guard off is rejected: guard_switch). Every refusal is recorded, so a
+candidate that catches one is still rejected. guard_lock.py locks the off switches themselves.
 The paper's harness only replaced `torch.nn.functional`; see docs/cheats.md #16.
 """
 
@@ -44,6 +47,58 @@ class ForbiddenTorchCompute(RuntimeError):
     """Raised inside the candidate when it asks torch to compute."""
 
 
+class ForbiddenGuardSwitch(ForbiddenTorchCompute):
+    """Raised inside the candidate when it reaches for an off switch of this guard or of torch's precision
+    (guard_lock.py); `reason` is guard_switch or precision_switch."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+_REFUSALS: list[ForbiddenTorchCompute] = []
+
+
+def record_refusal(exc: ForbiddenTorchCompute) -> ForbiddenTorchCompute:
+    """Keep a refusal before raising it: catching it in candidate code does not make it go away."""
+    _REFUSALS.append(exc)
+    return exc
+
+
+def take_refusals() -> list[ForbiddenTorchCompute]:
+    """The refusals since the last call of this function, oldest first."""
+    taken = list(_REFUSALS)
+    _REFUSALS.clear()
+    return taken
+
+
+_STATE_GETTERS: dict = {}
+
+
+def bind_state_getters() -> None:
+    """Bind what guard_state reads now, before candidate code can rebind it."""
+    import torch
+
+    if not _STATE_GETTERS:
+        names = ("_is_torch_function_enabled", "_is_torch_function_mode_enabled", "_get_torch_function_state",
+                 "_len_torch_function_stack", "_get_function_stack_at", "_len_torch_dispatch_stack",
+                 "_get_dispatch_stack_at", "_dispatch_tls_local_exclude_set", "_dispatch_tls_local_include_set",
+                 "_pop_torch_function_stack", "_pop_torch_dispatch_stack")
+        _STATE_GETTERS.update({name: getattr(torch._C, name) for name in names})
+
+
+def guard_state() -> tuple:
+    """What the guard's modes depend on: torch-function state, both mode stacks (by identity), the
+    thread's dispatch-key include and exclude sets."""
+    bind_state_getters()
+    get = _STATE_GETTERS
+    functions = tuple(id(get["_get_function_stack_at"](i)) for i in range(get["_len_torch_function_stack"]()))
+    dispatch = tuple(id(get["_get_dispatch_stack_at"](i)) for i in range(get["_len_torch_dispatch_stack"]()))
+    return (get["_is_torch_function_enabled"](), get["_is_torch_function_mode_enabled"](),
+            str(get["_get_torch_function_state"]()), functions, dispatch,
+            str(get["_dispatch_tls_local_exclude_set"]()), str(get["_dispatch_tls_local_include_set"]()))
+
+
 def _python_name(func) -> str:
     import torch
 
@@ -74,8 +129,8 @@ def _build_modes():
             else:
                 allowed = name.rsplit(".", 1)[-1] in ALLOWED_PYTHON
             if not allowed:
-                raise ForbiddenTorchCompute(
-                    f"{name} is not allowed while the candidate runs (torch compute outside the extension)")
+                raise record_refusal(ForbiddenTorchCompute(
+                    f"{name} is not allowed while the candidate runs (torch compute outside the extension)"))
             return func(*args, **(kwargs or {}))
 
     class RefuseAtenCompute(TorchDispatchMode):
@@ -83,14 +138,28 @@ def _build_modes():
             if not _aten_allowed(func):
                 packet = getattr(func, "overloadpacket", func)
                 name = f"{getattr(func, 'namespace', 'aten')}::{getattr(packet, '__name__', packet)}"
-                raise ForbiddenTorchCompute(
-                    f"{name} is not allowed while the candidate runs (torch compute outside the extension)")
+                raise record_refusal(ForbiddenTorchCompute(
+                    f"{name} is not allowed while the candidate runs (torch compute outside the extension)"))
             return func(*args, **(kwargs or {}))
 
     return RefusePythonCompute, RefuseAtenCompute
 
 
 _MODES = None
+
+
+def _check_unchanged(before: tuple) -> ForbiddenGuardSwitch | None:
+    """The refusal (recorded) if the guard state differs from `before`; modes the candidate left above the
+    guard's are popped, so that the guard's own modes exit cleanly."""
+    if guard_state() == before:
+        return None
+    get = _STATE_GETTERS
+    while get["_len_torch_function_stack"]() > len(before[3]):
+        get["_pop_torch_function_stack"]()
+    while get["_len_torch_dispatch_stack"]() > len(before[4]):
+        get["_pop_torch_dispatch_stack"]()
+    return record_refusal(ForbiddenGuardSwitch(
+        "guard_switch", "the torch-compute guard was switched off or changed during the call"))
 
 
 @contextlib.contextmanager
@@ -104,4 +173,10 @@ def refuse_torch_compute(enabled: bool = True):
         _MODES = _build_modes()
     python_mode, aten_mode = _MODES
     with python_mode(), aten_mode():
-        yield
+        before = guard_state()
+        try:
+            yield
+        finally:  # checked before the modes exit, whether the call raised or not
+            changed = _check_unchanged(before)
+        if changed:
+            raise changed

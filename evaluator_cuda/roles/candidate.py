@@ -16,6 +16,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from ..isolation.guard_lock import lock_guard_switches, precision_settings
+from ..isolation.torch_guard import ForbiddenGuardSwitch, ForbiddenTorchCompute, take_refusals
 from ..isolation.wire import describe_tensors
 from ..tasks import TaskError, exec_task
 from ..timing import profile as _profile  # noqa: F401  (binds the harness clock before candidate code loads)
@@ -37,6 +39,15 @@ def load_extension_module(so_path: str, fast_cache_dir: str | None = None):
     loader.exec_module(module)
     sys.modules["cuda_extension"] = module
     return module
+
+
+def _lock_guard() -> None:
+    """Lock the guard's off switches before any candidate code loads (a harness failure if it cannot)."""
+    try:
+        lock_guard_switches()
+    except Exception as exc:
+        raise HandlerError("internal", f"locking the torch-compute guard failed: {one_line(exc)}",
+                           traceback.format_exc()) from None
 
 
 def _import_file(module_name: str, path: Path):
@@ -89,6 +100,7 @@ class CandidateRole:
         self.require_extension = False
         self.stored: dict = {}  # id -> (device values, values as received) of sets that later calls reuse
         self.l2_resets = 0  # calls before which the driver demoted persisting L2 lines (CUDA)
+        self.precision_at_start: dict = {}  # torch's precision settings before candidate code loaded
 
     def do_load(self, req: dict) -> dict:
         self.device = req["device"]
@@ -115,6 +127,9 @@ class CandidateRole:
                 raise HandlerError("compile", f"the built extension does not import: {one_line(exc)}",
                                    traceback.format_exc()) from None
         fmt = req["format"]
+        if self.block_torch and fmt != "reference":
+            _lock_guard()
+        self.precision_at_start = precision_settings()
         try:
             if fmt == "reference":
                 namespace = exec_task(req["task_name"], req["task_source"], module_name="reference_task")
@@ -128,6 +143,7 @@ class CandidateRole:
             raise HandlerError("syntax", f"{Path(exc.filename or req['entry']).name}:{exc.lineno}: {exc.msg}",
                                f"{req['entry']}\n{exc.lineno}\n{exc.msg}") from None
         except Exception as exc:
+            self._check_guard(exc)
             text = str(exc)
             if BUILD_ERROR_MARKER in text:
                 raise HandlerError("compile", one_line(exc), text) from None
@@ -137,6 +153,7 @@ class CandidateRole:
         if model_class is None:
             raise HandlerError("runtime", f"{req['entry']} defines no ModelNew")
         self.model_class = model_class
+        self._check_guard(None)
         return {}
 
     def do_prepare(self, req: dict) -> dict:
@@ -147,13 +164,16 @@ class CandidateRole:
             model = self.model_class(*req["init_inputs"])
             model = model.eval().to(self.device)
         except Exception as exc:
+            self._check_guard(exc)
             raise HandlerError("runtime", f"ModelNew(*get_init_inputs()) raised {one_line(exc)}",
                                _candidate_traceback(exc)) from None
         try:
             model.load_state_dict(req["state_dict"], strict=True)
         except Exception as exc:
+            self._check_guard(exc)
             raise HandlerError("state_dict",
                                f"ModelNew does not take the reference's state_dict: {one_line(exc)}") from None
+        self._check_guard(None)
         self.model = model
         self.threads_at_start = {t.ident for t in threading.enumerate()}
         return {}
@@ -169,7 +189,7 @@ class CandidateRole:
         """
         import torch
 
-        from ..isolation.torch_guard import ForbiddenTorchCompute, refuse_torch_compute
+        from ..isolation.torch_guard import refuse_torch_compute
         from ..timing.profile import flush_l2, poison_allocator, reset_persisting_l2, time_one_call
 
         if self.model is None:
@@ -189,9 +209,12 @@ class CandidateRole:
             with torch.no_grad(), refuse_torch_compute(self.block_torch):
                 out, time_us, wall_us = time_one_call(lambda: model(*args), self.device)
         except ForbiddenTorchCompute as exc:
+            self._check_guard(exc)
             raise HandlerError("forbidden", str(exc), _candidate_traceback(exc)) from None
         except Exception as exc:
+            self._check_guard(exc)
             raise HandlerError("runtime", f"forward raised {one_line(exc)}", _candidate_traceback(exc)) from None
+        self._check_guard(None)
         self._check_call(out, args, pristine, calls_before)
         described = describe_tensors(out)  # class and device as forward returned them, before the host copy
         copied = _copy_out(out)
@@ -199,6 +222,21 @@ class CandidateRole:
         self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]
         return {"output": copied, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
                 "l2_resets": self.l2_resets}
+
+    def _check_guard(self, raised: BaseException | None) -> None:
+        """Reject what candidate code did to the guard, whatever it caught: an off switch it reached for
+        (guard_switch, precision_switch), a refusal it swallowed (fallback), a precision setting changed."""
+        for refusal in take_refusals():
+            if isinstance(refusal, ForbiddenGuardSwitch):
+                raise HandlerError(refusal.reason, str(refusal), _candidate_traceback(refusal))
+            if raised is not None and refusal is not raised:
+                raise HandlerError("forbidden", str(refusal), _candidate_traceback(refusal))
+            if raised is None:
+                raise HandlerError("fallback", f"{refusal} (the candidate caught the refusal and went on)",
+                                   _candidate_traceback(refusal))
+        changed = {k: v for k, v in precision_settings().items() if self.precision_at_start.get(k) != v}
+        if changed:
+            raise HandlerError("precision_switch", f"candidate code changed torch's precision settings: {changed}")
 
     def _input_set(self, req: dict) -> tuple[list, list]:
         """(device values, values as received) of the call's input set: sent with it, or kept

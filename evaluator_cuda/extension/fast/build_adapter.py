@@ -20,9 +20,10 @@ from .builder import build_fast
 def fast_build_workspace(files: dict[str, bytes], settings, lookup_only: bool = False):
     """Fast-build a workspace (relpath -> bytes) under `settings` (EvalSettings).
 
-    Returns evaluator_cuda.extension.result.BuildResult with status "built" or "compile_error", or None when the full
-    torch build must decide (a binding needs torch API outside the slim headers, a toolchain piece is
-    missing) or, with lookup_only, when the solution is not cached yet.
+    Returns evaluator_cuda.extension.result.BuildResult with status "built" or "compile_error"; status
+    "fallback" (with `fast_fallback`, the reason) when the full torch build must decide (a binding needs
+    torch API outside the slim headers, a toolchain piece is missing); None, with lookup_only, when the
+    solution is not cached yet.
     """
     result = build_fast(
         files,
@@ -33,9 +34,12 @@ def fast_build_workspace(files: dict[str, bytes], settings, lookup_only: bool = 
         lookup_only=lookup_only,
         jail=child_guard(settings)["jail"],
     )
-    if result is None or result.fallback_reason:
+    if result is None:
         return None
+    if result.fallback_reason:  # the torch build decides; the reason goes into its result
+        return BuildResult("fallback", [], None, result.seconds, False, result.key, result.log, path="fast",
+                           fast_fallback=result.fallback_reason)
     if result.ok:
-        return BuildResult("built", [], result.so_path, result.seconds, result.cache_hit, result.key)
+        return BuildResult("built", [], result.so_path, result.seconds, result.cache_hit, result.key, path="fast")
     return BuildResult("compile_error", result.diagnostics, None, result.seconds, result.cache_hit, result.key,
-                       result.log)
+                       result.log, path="fast")

@@ -90,18 +90,27 @@ def _limit_compiler(pid: int) -> None:
         pass  # already exited, or limits not allowed here: the timeout still applies
 
 
-def run_compiler(cmd: list[str], cwd: Path, timeout: float, jail: dict | None = None) -> tuple[int, str]:
+def toolkit_binds(cuda_home: str | None) -> tuple[Bind, ...]:
+    """The CUDA toolkit's real folder, read-only, for a jailed compiler or build child. The jail
+    shows the system folders, but /usr/local/cuda may point (or be) outside them."""
+    if not cuda_home:
+        return ()
+    return (Bind(os.path.realpath(cuda_home)),)
+
+
+def run_compiler(cmd: list[str], cwd: Path, timeout: float, jail: dict | None = None,
+                 extra_binds: tuple = ()) -> tuple[int, str]:
     """Run a compiler in its own process group with memory/file limits; the whole group dies on timeout.
 
     `jail` (sandbox.child_guard()["jail"] with a uid of its own, enabled): the compiler runs on a
     candidate's sources, so it runs in the jail, seeing only `cwd` (its staging folder, writable)
-    besides the system."""
+    besides the system and `extra_binds` (read-only: the CUDA toolkit)."""
     env = None
     if jail and jail.get("enabled"):
         from ...isolation.sandbox import jailed_command
 
-        cmd, env = jailed_command(jail, cmd, (Bind(str(cwd), writable=True),), str(cwd), COMPILER_MEMORY_BYTES,
-                                  COMPILER_FILE_BYTES)
+        cmd, env = jailed_command(jail, cmd, (Bind(str(cwd), writable=True), *extra_binds), str(cwd),
+                                  COMPILER_MEMORY_BYTES, COMPILER_FILE_BYTES)
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env=env)
     if env is None:  # the jail sets its own limits
