@@ -76,8 +76,8 @@ class EvalSettings:
     isolate_network: bool = True  # unjailed children: a network namespace when `unshare -n` works
     # The candidate and build children run in cuda_agent.jail's jail (own uid and namespaces, seccomp,
     # a file-system view of system folders, Python, the evaluator's code and their own folders).
-    # None: on for the host backend, off for cuda, where concurrent jailed evaluations ran about 20 s
-    # slower each on the H200 for a cause not yet found (docs/architecture.md); True turns it on there.
+    # None or True: jailed (both backends); False: the unjailed path (rlimits and a network namespace),
+    # kept to measure what the jail costs.
     jail_children: bool | None = None
     require_jail: bool | None = None  # a machine that cannot build the jail: refuse (None: True as root on Linux)
     # Each jailed child and each build claims its own uid in [jail_uid_base, jail_uid_base + 100000)

@@ -252,21 +252,20 @@ def test_each_jailed_child_has_a_uid_of_its_own_and_gives_it_back(build_cache, t
     assert not any((UID_CLAIMS_DIR / str(uid)).exists() for uid in uids)
 
 
-def test_the_jail_is_on_by_default_for_host_and_opt_in_for_cuda():
+def test_the_jail_is_on_by_default_for_both_backends_and_can_be_turned_off():
     from evaluator_cuda.settings import EvalSettings
 
     assert sandbox.jails_children(EvalSettings.for_backend("host"))
-    assert not sandbox.jails_children(EvalSettings.for_backend("cuda"))
-    assert sandbox.child_guard(EvalSettings.for_backend("cuda"))["jail"]["enabled"] is False
-    assert sandbox.jails_children(EvalSettings.for_backend("cuda", jail_children=True))
+    assert sandbox.jails_children(EvalSettings.for_backend("cuda"))
+    assert sandbox.child_guard(EvalSettings.for_backend("cuda", jail_children=False))["jail"]["enabled"] is False
     assert not sandbox.jails_children(EvalSettings.for_backend("host", jail_children=False))
 
 
 def test_a_jailed_compiler_sees_the_cuda_toolkit_wherever_it_is(build_cache, tmp_path):
     """On the GPU machine the toolkit lies outside the jail's system folders: a jailed fast build
     could not run nvcc there and every build fell back to the torch build. A toolkit-like folder
-    outside the view: its tool runs with toolkit_binds, and cannot be found without."""
-    from evaluator_cuda.extension.fast.stage import run_compiler, toolkit_binds
+    outside the view: its tool runs with toolchain_binds, and cannot be found without."""
+    from evaluator_cuda.extension.fast.stage import run_compiler, toolchain_binds
 
     toolkit = tmp_path / "toolkit"
     (toolkit / "bin").mkdir(parents=True)
@@ -280,7 +279,36 @@ def test_a_jailed_compiler_sees_the_cuda_toolkit_wherever_it_is(build_cache, tmp
     stage.mkdir()
     with sandbox.own_uid(sandbox.child_guard(_settings(build_cache))["jail"]) as jail:
         sandbox.hand_over(stage, jail["uid"])
-        code, text = run_compiler([str(tool)], stage, 30, jail, toolkit_binds(str(link)))
+        code, text = run_compiler([str(tool)], stage, 30, jail, toolchain_binds(str(link)))
         assert code == 0 and "toolkit tool ran" in text, text
         code, text = run_compiler([str(tool)], stage, 30, jail)
         assert code != 0 and "toolkit tool ran" not in text
+
+
+def test_a_jailed_fast_build_uses_a_compiler_installed_outside_the_system_folders(build_cache, tmp_path,
+                                                                                  monkeypatch):
+    """The GPU machine sets CXX=/opt/gcc/bin/g++: the jailed compiler was not found there and every
+    fast build handed over to the torch build. A CXX installed outside the jail's view builds."""
+    import shutil
+
+    from evaluator_cuda.extension.fast import toolchain
+    from evaluator_cuda.extension.fast.builder import build_fast
+    from evaluator_cuda.extension.fast.stage import toolchain_binds
+
+    install = tmp_path / "opt" / "gcc"
+    (install / "bin").mkdir(parents=True)
+    compiler = install / "bin" / "g++"
+    compiler.write_text(f"#!/bin/sh\nexec {shutil.which('g++')} \"$@\"\n")
+    compiler.chmod(0o755)
+    for folder in (tmp_path, tmp_path / "opt", install, install / "bin"):
+        os.chmod(folder, 0o755)
+    assert toolchain_binds(None, str(compiler))[0].source == str(install)
+    assert toolchain_binds(None, shutil.which("g++")) == ()  # a system compiler needs nothing more
+    monkeypatch.setenv("CXX", str(compiler))
+    toolchain.find_toolchain.cache_clear()
+    try:
+        jail = sandbox.child_guard(_settings(build_cache))["jail"]
+        result = build_fast(workspace().files, backend="host", cache_dir=tmp_path / "cache", jail=jail)
+    finally:
+        toolchain.find_toolchain.cache_clear()
+    assert result.ok, (result.fallback_reason, result.log)

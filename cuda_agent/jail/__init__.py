@@ -68,7 +68,7 @@ NOBODY = 65534
 MiB = 1024 * 1024
 
 __all__ = [
-    "Bind", "Limits", "JailSpec", "JailCommand", "JailError", "JailUnavailable", "jail_command", "protections",
+    "Bind", "SYSTEM_DIRS", "Limits", "JailSpec", "JailCommand", "JailError", "JailUnavailable", "jail_command", "protections",
     "probe", "python_binds", "gpu_devices", "nvidia_library_binds", "seccomp_program", "REFUSED_SYSCALLS", "SETUP_FAILED",
 ]
 

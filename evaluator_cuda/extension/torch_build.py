@@ -30,8 +30,8 @@ from ..isolation.integrity import intact, seal
 from ..isolation.sandbox import Child, ChildFailed, child_guard, hand_over, own_uid
 from ..settings import EvalSettings
 from .diagnostics import parse_compiler_output
-from .fast.stage import toolkit_binds
-from .fast.toolchain import find_cuda_home
+from .fast.stage import toolchain_binds
+from .fast.toolchain import ToolchainMissing, find_toolchain
 from .flags import CXX_FLAGS, NVCC_FLAGS, torch_release
 from .pch import make_pch, ready_pch
 from .result import BuildResult
@@ -91,11 +91,20 @@ def _cached(entry: Path) -> BuildResult | None:
 
 
 def build_env(settings: EvalSettings) -> dict[str, str]:
-    """Environment of a compiling child: the arch list is always explicit (no GPU needed to build)."""
-    return {
+    """Environment of a compiling child: the arch list is always explicit (no GPU needed to build), and
+    the compilers are the fast build's (a jailed child inherits no CXX or CUDA_HOME to find them by)."""
+    env = {
         "TORCH_CUDA_ARCH_LIST": settings.arch_list,
         "TORCH_EXTENSIONS_DIR": str(settings.cache_path() / "torch_extensions"),
     }
+    try:
+        toolchain = find_toolchain(settings.backend)
+    except ToolchainMissing:
+        return env  # the build itself says what is missing
+    env["CXX"] = toolchain.cxx
+    if toolchain.cuda_home:
+        env["CUDA_HOME"] = toolchain.cuda_home
+    return env
 
 
 def build_with_torch(sources: dict[str, bytes], settings: EvalSettings) -> BuildResult:
@@ -146,14 +155,14 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
         try:
             guard = child_guard(settings)
             binds = (Bind(str(work), writable=True),) + ((Bind(str(pch.parent)),) if pch else ())
-            if settings.backend == "cuda":
-                binds += toolkit_binds(find_cuda_home())
+            env = build_env(settings)
+            binds += toolchain_binds(env.get("CUDA_HOME"), env.get("CXX"))
             with own_uid(guard["jail"]) as jail:
                 if jail["enabled"]:
                     hand_over(work, jail["uid"])
                     if pch:  # made in a private temporary folder: readable by the jail's uid from now on
                         pch.parent.chmod(0o755)
-                with Child("build", work, env=build_env(settings), guard={**guard, "jail": jail}, binds=binds) as child:
+                with Child("build", work, env=env, guard={**guard, "jail": jail}, binds=binds) as child:
                     reply = child.request(request, timeout=settings.compile_timeout_s)
         except ChildFailed as exc:
             seconds = time.perf_counter() - begin

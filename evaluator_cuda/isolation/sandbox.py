@@ -352,10 +352,8 @@ def require_jail_default() -> bool:
 
 
 def jails_children(settings) -> bool:
-    """Whether the candidate and build children are jailed: the setting, else on for host, off for cuda."""
-    if settings.jail_children is not None:
-        return bool(settings.jail_children)
-    return settings.backend != "cuda"
+    """Whether the candidate and build children are jailed: the setting, else on (both backends)."""
+    return True if settings.jail_children is None else bool(settings.jail_children)
 
 
 def child_guard(settings) -> dict:

@@ -31,7 +31,7 @@ from ..flags import CXX_FLAGS, NVCC_FLAGS  # the torch build's flags
 from ..sources import HEADER_SUFFIXES, select_sources  # one rule for both build paths
 from .compile_errors import INCLUDE_DIR, link_gap_reason, shim_gap_reason
 from .stage import (BuildCache, clean_log, default_cache_dir, run_compiler, stage_copy, stage_pch, staging_folder,
-                    toolkit_binds)
+                    toolchain_binds)
 from .toolchain import (
     EXTENSION_DEFINES,
     TORCH_NVCC_DEFINES,
@@ -310,7 +310,7 @@ def _compile_unit(unit: CompileUnit, plan: BuildPlan, cache: BuildCache, stage: 
     t0 = time.perf_counter()
     code, text = run_compiler([exe, *plan.flags[unit.compiler], *extra, "-c", str(src), "-o", str(tmp_obj)],
                               stage, timeout_s, jail,  # the harness unit too: it shares the staging folder
-                              toolkit_binds(plan.toolchain.cuda_home))
+                              toolchain_binds(plan.toolchain.cuda_home, plan.toolchain.cxx))
     seconds = time.perf_counter() - t0
     if code != 0 or not tmp_obj.exists() or tmp_obj.is_symlink():
         log = clean_log(text, stage).replace("harness/" + HARNESS_SOURCE.name, HARNESS_REL)
@@ -332,7 +332,8 @@ def _link(plan: BuildPlan, cache: BuildCache, stage: Path, objects: list[str], r
     cmd = [plan.toolchain.cxx, "-shared", "-o", str(tmp_so), *objects,
            f"-Wl,--version-script={version_script}", "-Wl,--no-undefined", *plan.libs, "-ldl"]
     t0 = time.perf_counter()
-    code, text = run_compiler(cmd, stage, timeout_s, jail, toolkit_binds(plan.toolchain.cuda_home))
+    code, text = run_compiler(cmd, stage, timeout_s, jail,
+                              toolchain_binds(plan.toolchain.cuda_home, plan.toolchain.cxx))
     report.append({"file": "<link>", "seconds": time.perf_counter() - t0, "cache_hit": False})
     if code != 0 or not tmp_so.exists():
         log = clean_log(text, stage)

@@ -89,7 +89,8 @@ def shim_gap_reason(role: str, rel: str, source: bytes, diagnostics: list[dict])
     role: "kernel" (a .cu or a host kernel .cpp), "binding" (kernels/*_binding.cpp) or "harness".
     """
     if role == "harness":
-        return "the fast-build harness did not compile with this toolchain"
+        first = next((d for d in diagnostics if d.get("message")), {"message": "no diagnostic"})
+        return f"the fast-build harness did not compile with this toolchain ({first['message'][:200]})"
     touches_torch = role == "binding" or includes_torch(source)
     if not touches_torch:
         return None

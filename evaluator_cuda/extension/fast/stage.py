@@ -19,7 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from cuda_agent.jail import Bind
+from cuda_agent.jail import SYSTEM_DIRS, Bind
 
 from ...isolation.integrity import digest_path, seal
 from .compile_errors import INCLUDE_DIR
@@ -90,12 +90,21 @@ def _limit_compiler(pid: int) -> None:
         pass  # already exited, or limits not allowed here: the timeout still applies
 
 
-def toolkit_binds(cuda_home: str | None) -> tuple[Bind, ...]:
-    """The CUDA toolkit's real folder, read-only, for a jailed compiler or build child. The jail
-    shows the system folders, but /usr/local/cuda may point (or be) outside them."""
-    if not cuda_home:
-        return ()
-    return (Bind(os.path.realpath(cuda_home)),)
+def toolchain_binds(cuda_home: str | None, cxx: str | None = None) -> tuple[Bind, ...]:
+    """What a jailed compiler or build child must see besides the system folders, read-only: the CUDA
+    toolkit's real folder (/usr/local/cuda may point outside them) and the installation the C++
+    compiler belongs to when it lies elsewhere (the GPU machine's CXX is /opt/gcc/bin/g++)."""
+    folders = [os.path.realpath(cuda_home)] if cuda_home else []
+    if cxx:
+        real = os.path.realpath(shutil.which(cxx) or cxx)
+        prefix = os.path.dirname(os.path.dirname(real))
+        if prefix != "/" and not any(_under(real, system) for system in SYSTEM_DIRS):
+            folders.append(prefix)
+    return tuple(Bind(folder) for folder in dict.fromkeys(folders))
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def run_compiler(cmd: list[str], cwd: Path, timeout: float, jail: dict | None = None,

@@ -107,11 +107,12 @@ def binary_fingerprint(exe: str) -> str:
 
 
 def find_cuda_home() -> str | None:
-    """CUDA_HOME / CUDA_PATH, else the folder above a real nvcc, else /usr/local/cuda."""
+    """CUDA_HOME / CUDA_PATH, else the folder above a real nvcc, else /usr/local/cuda; always the real
+    folder, which a jailed compiler is shown (it cannot follow links through folders outside its view)."""
     for var in ("CUDA_HOME", "CUDA_PATH"):
         value = os.environ.get(var)
         if value and Path(value, "include", "cuda_runtime_api.h").exists():
-            return value
+            return os.path.realpath(value)
     nvcc = shutil.which("nvcc")
     candidates = []
     if nvcc:
@@ -119,7 +120,7 @@ def find_cuda_home() -> str | None:
     candidates += [Path("/usr/local/cuda")]
     for home in candidates:
         if (home / "include" / "cuda_runtime_api.h").exists() and (home / "bin" / "nvcc").exists():
-            return str(home)
+            return os.path.realpath(home)
     return None
 
 
