@@ -13,6 +13,7 @@ given in memory. A NaN/None reward is an infrastructure failure: such rows are n
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from policy_jax.attention_dispatch import mesh_scope
 from policy_jax.distributed import global_batch_from_local
 from policy_jax.rl.advantages import gae_advantages, outcome_rewards, whiten_advantages
 from policy_jax.rl.batch import TrajectoryBatch, pad_trajectories
@@ -235,7 +237,8 @@ def run_value_pretraining(state: TrainState, batches: BatchIterator, cfg: RunCon
 
     @jax.jit
     def prepare(state, tb):
-        values_bt = state.module()(tb.tokens_bt, tb.positions_bt, tb.segment_ids_bt)
+        with mesh_scope(mesh):
+            values_bt = state.module()(tb.tokens_bt, tb.positions_bt, tb.segment_ids_bt)
         _, _, returns_bt = value_targets(values_bt, tb, cfg.ppo)
         return ValueBatch(tokens_bt=tb.tokens_bt, positions_bt=tb.positions_bt, segment_ids_bt=tb.segment_ids_bt,
                           action_mask_bt=tb.action_mask_bt, returns_bt=returns_bt,
@@ -342,6 +345,11 @@ def ppo_rollout_inputs(actor: TrainState, critic: TrainState, tb: TrajectoryBatc
     return policy, value, diagnostics
 
 
+def _rollout_inputs_on_mesh(actor, critic, tb, *, mesh, cfg, objective):
+    with mesh_scope(mesh):  # the attention kernels lay themselves over the mesh
+        return ppo_rollout_inputs(actor, critic, tb, cfg, objective)
+
+
 def take_rows(tree: Any, start: int, stop: int) -> Any:
     return jax.tree.map(lambda x: x[start:stop], tree)
 
@@ -367,7 +375,7 @@ class PPOUpdater:
         objective = actor_objective(cfg, "ppo", mini)
         return cls(cfg, mesh, rows, mini, make_actor_step(states.actor, objective, mesh),
                    make_critic_step(states.critic, critic_objective(cfg, mini), mesh),
-                   jax.jit(lambda a, c, tb: ppo_rollout_inputs(a, c, tb, cfg, objective)))
+                   jax.jit(functools.partial(_rollout_inputs_on_mesh, mesh=mesh, cfg=cfg, objective=objective)))
 
     def update(self, states: PPOStates, host_tb: TrajectoryBatch) -> tuple[PPOStates, dict[str, Any]]:
         """One PPO iteration on one rollout batch: `ppo.epochs` passes of mini-batches, an actor and a
