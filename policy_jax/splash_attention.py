@@ -36,7 +36,8 @@ def _kernel(t: int, heads: int, block: int, interpret: bool):
     mask = splash.MultiHeadMask([splash.CausalMask((t, t))] * heads)
     sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                               block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-    return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
+    with jax.ensure_compile_time_eval():  # the mask tables are constants, kept across traces
+        return splash.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
 
 
 def splash_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, segment_ids_bt: jax.Array, *,
