@@ -108,7 +108,11 @@ def token_array(mesh, rows: int, length: int, dtype=jnp.int32) -> jax.ShapeDtype
 
 @dataclasses.dataclass(frozen=True)
 class CompiledStep:
-    """What XLA reports for one step on one device."""
+    """What XLA reports for one step on one device. XLA's cost analysis counts the body of a loop
+    once, so a step that scans over `repeats` micro-batches has its flops and time estimate
+    multiplied by `repeats` here (flops inside other loops, such as the chunked LM head or the
+    blockwise attention's block loops, and inside Pallas kernels, are still counted once or not
+    at all: the figures are lower bounds)."""
 
     name: str
     rows: int
@@ -120,6 +124,7 @@ class CompiledStep:
     code_bytes: int
     flops: float
     optimal_s: float
+    repeats: int = 1
 
     @property
     def peak_bytes(self) -> int:
@@ -127,7 +132,7 @@ class CompiledStep:
         return self.argument_bytes + self.temp_bytes + self.output_bytes - self.alias_bytes + self.code_bytes
 
 
-def compile_step(name: str, rows: int, fn: Callable, *args: Any) -> CompiledStep:
+def compile_step(name: str, rows: int, fn: Callable, *args: Any, repeats: int = 1) -> CompiledStep:
     """Lower and compile `fn(*args)` (a jitted function of abstract arguments) and read XLA's figures."""
     begin = time.perf_counter()
     compiled = fn.lower(*args).compile()
@@ -137,8 +142,12 @@ def compile_step(name: str, rows: int, fn: Callable, *args: Any) -> CompiledStep
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return CompiledStep(name, rows, seconds, int(memory.argument_size_in_bytes), int(memory.temp_size_in_bytes),
                         int(memory.output_size_in_bytes), int(memory.alias_size_in_bytes),
-                        int(memory.generated_code_size_in_bytes), float(cost.get("flops", 0.0)),
-                        float(cost.get("optimal_seconds", 0.0)))
+                        int(memory.generated_code_size_in_bytes), repeats * float(cost.get("flops", 0.0)),
+                        _times(repeats, float(cost.get("optimal_seconds", -1.0))), repeats)
+
+
+def _times(repeats: int, estimate: float) -> float:
+    return estimate * repeats if estimate >= 0 else estimate  # -1: XLA has no estimate
 
 
 def cache_sharding(mesh, rows: int, model_cfg) -> NamedSharding:

@@ -50,8 +50,9 @@ def actor_ppo_step(cfg: RunConfig, mesh, shapes: StepShapes) -> CompiledStep:
     batch = PolicyBatch(tokens_bt=ints, positions_bt=ints, segment_ids_bt=ints, action_mask_bt=floats,
                         old_logp_bt=floats, advantages_bt=floats,
                         token_weights_bt=floats if cfg.ppo.tis_cap is not None else None)
-    step = make_actor_step(state, actor_objective(cfg, "ppo", rows), mesh)
-    return compile_step("actor PPO step", rows, step, state, batch)
+    objective = actor_objective(cfg, "ppo", rows)
+    step = make_actor_step(state, objective, mesh)
+    return compile_step("actor PPO step", rows, step, state, batch, repeats=objective.num_micro_batches)
 
 
 def critic_step(cfg: RunConfig, mesh, shapes: StepShapes) -> CompiledStep:
@@ -61,8 +62,9 @@ def critic_step(cfg: RunConfig, mesh, shapes: StepShapes) -> CompiledStep:
     ints, floats = token_array(mesh, rows, t), _floats(mesh, rows, t)
     batch = ValueBatch(tokens_bt=ints, positions_bt=ints, segment_ids_bt=ints, action_mask_bt=floats,
                        returns_bt=floats, old_values_bt=floats if cfg.ppo.value_clip is not None else None)
-    step = make_critic_step(state, critic_objective(cfg, rows), mesh)
-    return compile_step("critic step", rows, step, state, batch)
+    objective = critic_objective(cfg, rows)
+    step = make_critic_step(state, objective, mesh)
+    return compile_step("critic step", rows, step, state, batch, repeats=objective.num_micro_batches)
 
 
 def logprob_recompute(cfg: RunConfig, mesh, shapes: StepShapes) -> CompiledStep:

@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         topology = tpu_topology(name)
         layouts = [parse_mesh(m) for m in args.mesh] if args.mesh else layouts_for(len(topology.devices), cfg.mesh)
         print(f"{name}: {len(topology.devices)} devices on {topology.chips} chips ({topology.devices[0].device_kind}), "
-              f"{topology.hbm_per_device / GIB:.1f} GiB HBM per device; {len(layouts)} layouts", flush=True)
+              f"{topology.hbm_per_device / GIB:.1f} GiB HBM per device; {len(layouts)} mesh layout(s)", flush=True)
         for mesh_cfg in layouts:
             print(f"{name} mesh {mesh_label(mesh_cfg)}", flush=True)
             fits = compile_layout(cfg, topology, mesh_cfg, steps, shapes)
