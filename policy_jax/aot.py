@@ -70,10 +70,9 @@ def layouts_for(devices: int, configured: MeshConfig | None) -> list[MeshConfig]
     out = []
     for mesh in candidates:
         try:
-            sizes = mesh.resolve(devices)
+            resolved = MeshConfig(**mesh.sizes(devices))
         except ValueError:
             continue
-        resolved = MeshConfig(**dict(zip(MESH_AXES, sizes)))
         if resolved not in out:
             out.append(resolved)
     return out

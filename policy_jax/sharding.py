@@ -59,8 +59,13 @@ class MeshConfig:
             raise MeshConfigError(f"unknown mesh axes: {', '.join(unknown)} (expected {MESH_AXES})")
         return cls(**{k: int(v) for k, v in d.items()})
 
-    def resolve(self, num_devices: int) -> tuple[int, ...]:
-        """Axis sizes in MESH_AXES order, with -1 filled in so that their product is `num_devices`."""
+    def resolve(self, num_devices: int) -> tuple[int, int, int]:
+        """The (data, fsdp, tensor) sizes with -1 filled in (the sequence axis too: see `sizes`)."""
+        sizes = self.sizes(num_devices)
+        return sizes["data"], sizes["fsdp"], sizes["tensor"]
+
+    def sizes(self, num_devices: int) -> dict[str, int]:
+        """Every axis's size, in MESH_AXES order, with -1 filled in so that their product is `num_devices`."""
         sizes = [getattr(self, axis) for axis in MESH_AXES]
         if sum(s == -1 for s in sizes) > 1:
             raise MeshConfigError("at most one mesh axis may be -1")
@@ -73,14 +78,14 @@ class MeshConfig:
             sizes[sizes.index(-1)] = num_devices // known
         if math.prod(sizes) != num_devices:
             raise MeshConfigError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, have {num_devices}")
-        return tuple(sizes)
+        return dict(zip(MESH_AXES, sizes))
 
 
 def make_mesh(config: MeshConfig | None = None, devices: list | None = None) -> Mesh:
     """A mesh with axes MESH_AXES over `devices` (default: all, every host)."""
     config = config or MeshConfig()
     devices = list(devices if devices is not None else jax.devices())
-    shape = config.resolve(len(devices))
+    shape = tuple(config.sizes(len(devices)).values())
     try:
         from jax.experimental import mesh_utils
 

@@ -33,8 +33,10 @@ def _rows():
 
 def test_the_mesh_has_a_sequence_axis():
     assert "sequence" in MESH_AXES
-    sizes = dict(zip(MESH_AXES, MeshConfig(fsdp=-1, tensor=2, sequence=2).resolve(8)))
+    sizes = MeshConfig(fsdp=-1, tensor=2, sequence=2).sizes(8)
     assert sizes == {"data": 1, "fsdp": 2, "sequence": 2, "tensor": 2}
+    assert tuple(sizes) == MESH_AXES
+    assert MeshConfig(fsdp=-1, tensor=2, sequence=2).resolve(8) == (1, 2, 2)  # (data, fsdp, tensor) as before
     with pytest.raises(MeshConfigError, match="unknown mesh axes: context"):
         MeshConfig.from_dict({"context": 2})
 
