@@ -85,7 +85,8 @@ def _abstract_cache(model_cfg, mesh, rows: int, slots: int) -> kvc.KVCache:
     layer = jax.ShapeDtypeStruct((rows, slots, model_cfg.num_key_value_heads, model_cfg.head_dim),
                                  model_cfg.compute_jnp_dtype, sharding=cache_sharding(mesh, rows, model_cfg))
     layers = tuple(layer for _ in range(model_cfg.num_hidden_layers))
-    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
     return kvc.KVCache(layers, layers, token_array(mesh, rows, slots, jnp.bool_), scalar)
 
 

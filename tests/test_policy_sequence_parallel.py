@@ -19,7 +19,8 @@ BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_laye
             num_key_value_heads=2, head_dim=8, attention_bias=True, compute_dtype="float32")
 B, T = 4, 32
 
-needs_eight = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (xla_force_host_platform_device_count)")
+needs_eight = pytest.mark.skipif(len(jax.devices()) < 8,
+                                 reason="needs 8 devices (xla_force_host_platform_device_count)")
 
 
 def _rows():
