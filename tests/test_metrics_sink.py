@@ -53,3 +53,34 @@ def test_the_sink_writes_numbers_json_cannot(tmp_path):
         sink.write({"iteration": 0, "reward_mean": numpy.float32(0.5), "where": tmp_path})
     record = json.loads(lines.read_text())
     assert record["reward_mean"] == 0.5 and record["where"] == str(tmp_path)
+
+
+def test_the_report_plots_every_stage_and_tabulates_from_the_lines_alone(tmp_path):
+    from typer.testing import CliRunner
+
+    from cuda_agent.cli import app
+
+    lines = tmp_path / "m.jsonl"
+    with MetricsSink(lines) as sink:
+        sink.write({"stage": "rft", "event": "start"})
+        for step in (1, 2, 3):
+            sink.write({"stage": "rft", "step": step, "loss": 4.0 / step, "grad_norm": float(step)})
+        sink.write({"iteration": 0, "rollout/reward_mean": -1.0, "train_s": 2.5, "done": True})
+        sink.write({"iteration": 1, "rollout/reward_mean": 1.0, "train_s": 2.0})
+    result = CliRunner().invoke(app, ["metrics-report", str(lines), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "| loss | 4 | 1.333 | 1.333 | 4 | 3 |" in report
+    assert "| rollout/reward_mean | -1 | 1 | -1 | 1 | 2 |" in report and "done" not in report
+    assert (tmp_path / "r" / "rft.png").stat().st_size > 0 and (tmp_path / "r" / "run.png").exists()
+
+
+def test_the_report_refuses_a_file_without_steps_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from cuda_agent.cli import app
+
+    lines = tmp_path / "m.jsonl"
+    lines.write_text('{"event": "start"}\n')
+    result = CliRunner().invoke(app, ["metrics-report", str(lines), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1].startswith("error: no record")
