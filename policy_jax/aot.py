@@ -90,13 +90,13 @@ def abstract_module(cls, model_cfg, mesh) -> nnx.Module:
 def abstract_train_state(model: nnx.Module, optimizer_cfg, total_steps: int, mesh) -> TrainState:
     """A TrainState of ShapeDtypeStructs: parameters as placed, optimiser moments beside them."""
     graphdef, params_state, rest_state = nnx.split(model, nnx.Param, ...)
-    params = params_state.to_pure_dict()
+    params = nnx.to_pure_dict(params_state)
     optimizer = make_optimizer(optimizer_cfg, total_steps)
     shape = jax.eval_shape(optimizer.tx.init, params)
     shardings = opt_state_shardings(shape, params, mesh)
     opt_state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shape, shardings)
     step = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
-    return TrainState(step=step, params=params, opt_state=opt_state, rest=rest_state.to_pure_dict(),
+    return TrainState(step=step, params=params, opt_state=opt_state, rest=nnx.to_pure_dict(rest_state),
                       graphdef=graphdef, optimizer=optimizer)
 
 
