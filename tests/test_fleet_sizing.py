@@ -94,3 +94,32 @@ def test_bad_inputs_are_refused():
         closed_queue(0, 1, 1.0, 1.0)
     with pytest.raises(ValueError):
         closed_queue(2, 1, 1.0, 0.0)
+
+
+def _size_fleet_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "size_fleet.py"
+    spec = importlib.util.spec_from_file_location("size_fleet_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_size_fleet_prints_the_paper_configs_figures(capsys):
+    script = _size_fleet_script()
+    assert script.main([str(script.REPO_ROOT / "configs/paper.yaml"), "--think-s", "0,60"]) == 0
+    out = capsys.readouterr().out
+    assert "1024 episodes per PPO iteration" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("0.00", "60.00"))]
+    assert [float(r[0]) for r in rows] == [0.0, 60.0]
+    workers = [int(r[3]) for r in rows]
+    assert workers[0] <= 1024 and 0 < workers[1] < workers[0]
+    assert "ceiling: 1024 workers" in out and "burst: 1024 jobs" in out
+
+
+def test_job_sizes_come_from_the_examples():
+    sizes = _size_fleet_script().example_job_bytes(1000)
+    assert len(sizes["per_example"]) >= 6
+    assert 1000 < sizes["evaluate"] - sizes["compile"] < 1020  # the artifact and its key
