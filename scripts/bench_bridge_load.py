@@ -21,6 +21,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -232,6 +233,7 @@ def run_load(rate: float, seconds: float, burst_jobs: int, workers: int, capacit
     finally:
         client.close()
         stop_fleet(procs)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def parse_args(argv=None):
