@@ -116,7 +116,13 @@ def _plan_once(category: str, by_family: dict, blocks: list, rng: random.Random,
     if category == "transformers":
         op = rng.choice(blocks)
         shape = start_shape(3, sizes, rng, transformer=True)
-        return Plan(category, shape, [_step(op, shape, rng, sizes)])
+        steps = [_step(op, shape, rng, sizes)]
+        if rng.random() < 0.5:  # a block alone, or followed by one seed operator (an output head)
+            try:
+                steps.append(_step(_pick(by_family, rng), steps[-1].out_shape, rng, sizes))
+            except ShapeError:
+                pass
+        return Plan(category, shape, steps)
     first = _pick(by_family, rng)
     shape = start_shape(rng.choice([r for r in first["ranks"] if r >= 2]), sizes, rng)
     if math.prod(shape) > sizes["max_numel"]:

@@ -54,6 +54,14 @@ def _init_args(step: Step, params: list, names: _Names) -> list[str]:
     return keywords
 
 
+def _call_line(head: str, arguments: list[str], width: int = 100) -> str:
+    """`head` + the arguments + `)`, one argument per line when one line would be too long."""
+    line = head + ", ".join(arguments) + ")"
+    if len(line) <= width:
+        return line
+    return head + "\n" + "".join(f"    {a},\n" for a in arguments) + ")"
+
+
 def _forward_line(step: Step, attr: str | None) -> str:
     if attr is not None:
         return f"x = self.{attr}(x)"
@@ -80,7 +88,7 @@ def _step_lines(step: Step, params: list, names: _Names, attrs: _Names) -> tuple
     if op["call"] in ("module", "block"):
         attr = attrs(_snake(op["name"]))
         cls = op["name"] if op["call"] == "block" else short_name(op["name"])
-        init.append(f"self.{attr} = {cls}({', '.join(_init_args(step, params, names))})")
+        init.append(_call_line(f"self.{attr} = {cls}(", _init_args(step, params, names)))
     elif op["family"] == "binary":
         size = names("operand_size")
         params.append((size, step.args["operand_size"]))
@@ -119,7 +127,7 @@ def render(plan: Plan) -> str:
         out += ["", "", block.rstrip("\n")]
     signature = "".join(f", {n}" for n, _ in params)
     out += ["", "", "class Model(nn.Module):", f"    def __init__(self{signature}):", "        super().__init__()"]
-    out += [f"        {line}" for line in init]
+    out += [f"        {part}" for line in init for part in line.split("\n")]
     out += ["", "    def forward(self, x):"] + [f"        {line}" for line in forward] + ["        return x"]
     out += ["", "", "def get_inputs():", f"    return [torch.randn({', '.join(dims)})]"]
     out += ["", "", "def get_init_inputs():", f"    return [{', '.join(n.upper() for n, _ in params)}]", ""]
