@@ -101,8 +101,15 @@ def _docstring(plan: Plan) -> str:
     count = "one transformers-style block" if plan.category == "transformers" else (
         f"{len(plan.steps)} operator{'s' if len(plan.steps) > 1 else ''}")
     chain = " -> ".join(short_name(s.op["name"]) for s in plan.steps)
-    return (f'"""{chain} ({count}), composed from seed operators.\n\n'
+    if len(chain) > 70:
+        chain = "\n-> ".join(short_name(s.op["name"]) for s in plan.steps)
+    return (f'"""{chain}\n({count}), composed from seed operators.\n\n'
             f"Input {tuple(plan.input_shape)} -> output {tuple(plan.output_shape)}, float32.\n\"\"\"")
+
+
+def _indent(lines: list[str]) -> list[str]:
+    """The signature's argument lines one level deeper than its `def` line."""
+    return [lines[0], *("    " + line for line in lines[1:-1]), *(["    " + lines[-1]] if len(lines) > 1 else [])]
 
 
 def render(plan: Plan) -> str:
@@ -125,10 +132,14 @@ def render(plan: Plan) -> str:
     out += [f"{n.upper()} = {v!r}" for n, v in params]
     for block in blocks:
         out += ["", "", block.rstrip("\n")]
-    signature = "".join(f", {n}" for n, _ in params)
-    out += ["", "", "class Model(nn.Module):", f"    def __init__(self{signature}):", "        super().__init__()"]
+    signature = _call_line("    def __init__(", ["self", *(n for n, _ in params)]).replace("\n)", "\n):")
+    signature = signature if signature.endswith("):") else signature + ":"
+    out += ["", "", "class Model(nn.Module):", *_indent(signature.split("\n")), "        super().__init__()"]
     out += [f"        {part}" for line in init for part in line.split("\n")]
     out += ["", "    def forward(self, x):"] + [f"        {line}" for line in forward] + ["        return x"]
     out += ["", "", "def get_inputs():", f"    return [torch.randn({', '.join(dims)})]"]
-    out += ["", "", "def get_init_inputs():", f"    return [{', '.join(n.upper() for n, _ in params)}]", ""]
+    returned = _call_line("    return [", [n.upper() for n, _ in params]).replace("\n)", "\n]")
+    returned = returned[:-1] + "]" if returned.endswith(")") else returned
+    lines = returned.split("\n")
+    out += ["", "", "def get_init_inputs():", lines[0], *("    " + line for line in lines[1:]), ""]
     return "\n".join(out)
