@@ -105,11 +105,14 @@ def _probe_shape(op: dict, shape: list[int], domain: str) -> str | None:
     try:
         fn = build_callable(op, args)
         x = _float_input(shape, domain)
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             out, *runs = (fn(x.clone()) for _ in range(3))
     except Exception as exc:
         return _short(exc)
+    deprecated = next((str(w.message) for w in caught if "deprecat" in str(w.message).lower()), None)
+    if deprecated:
+        return f"deprecated call form: {deprecated.splitlines()[0]}"[:160]
     return _check_output(op, x, out, expected, runs)
 
 
@@ -212,7 +215,8 @@ def _candidates() -> list[tuple[str, str, object]]:
             out.append(("module", name, obj))
     for name in sorted(n for n in dir(F) if not n.startswith("_")):
         obj = getattr(F, name)
-        if callable(obj) and not inspect.isclass(obj) and getattr(obj, "__module__", "") == F.__name__:
+        defined_here = getattr(obj, "__module__", "") == F.__name__ or inspect.isbuiltin(obj)  # F.gelu is C
+        if callable(obj) and not inspect.isclass(obj) and defined_here:
             out.append(("function", f"torch.nn.functional.{name}", obj))
     for name in sorted(n for n in dir(torch) if n[:1].islower()):
         obj = getattr(torch, name)
