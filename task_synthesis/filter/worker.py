@@ -10,7 +10,9 @@ _warm = False
 def start_worker() -> None:
     """Pool initializer: torch imported once, the evaluator's children kept warm between candidates."""
     global _warm
-    import torch  # noqa: F401
+    import torch
+
+    torch.set_num_threads(1)  # workers share the machine: several intra-op pools would oversubscribe it
 
     from evaluator_cuda.evaluation import keep_children_warm
 
