@@ -14,7 +14,8 @@ from ..catalogue.blocks import block_source
 from .composer import Plan, Step
 
 INPUT_NAMES = {1: ["SIZE"], 2: ["BATCH_SIZE", "FEATURES"], 3: ["BATCH_SIZE", "CHANNELS", "LENGTH"],
-               4: ["BATCH_SIZE", "CHANNELS", "HEIGHT", "WIDTH"], 5: ["BATCH_SIZE", "CHANNELS", "DEPTH", "HEIGHT", "WIDTH"]}
+               4: ["BATCH_SIZE", "CHANNELS", "HEIGHT", "WIDTH"],
+               5: ["BATCH_SIZE", "CHANNELS", "DEPTH", "HEIGHT", "WIDTH"]}
 TRANSFORMER_INPUT = ["BATCH_SIZE", "SEQ_LEN", "HIDDEN_SIZE"]
 DOMAIN_ADAPTERS = {"positive": "x = torch.abs(x) + 1.0  # into the operator's domain (x > 0)",
                    "unit": "x = torch.tanh(x)  # into the operator's domain (-1 < x < 1)"}

@@ -130,7 +130,8 @@ def _times(entries: list[dict], kept: list[dict], wall_s: float) -> list[str]:
             "per hour (a resumed run counts only its last session's time)",
             f"- median filter time per candidate: {median(filtered) or 0:.2f} s",
             f"- median eager forward (in-process): {median(e.get('eager_ms') for e in kept) or 0:.4f} ms"]
-    eager, compiled = median(e.get("evaluator_eager_us") for e in kept), median(e.get("evaluator_compile_us") for e in kept)
+    eager = median(e.get("evaluator_eager_us") for e in kept)
+    compiled = median(e.get("evaluator_compile_us") for e in kept)
     if eager is not None:
         rows.append(f"- median evaluator times: eager {eager:.1f} us, torch.compile {compiled or 0:.1f} us")
     return rows

@@ -148,7 +148,8 @@ class Synthesis:
                     "reason": f"similarity {entry['eval_similarity']:.2f} to {entry['eval_nearest']}"}, None
         near, name = self.kept_index.nearest(fp, at_least=threshold)
         if near >= threshold:
-            return {**entry, "status": "rejected", "stage": "duplicate", "reason": f"similarity {near:.2f} to {name}"}, None
+            reason = f"similarity {near:.2f} to {name}"
+            return {**entry, "status": "rejected", "stage": "duplicate", "reason": reason}, None
         job = {"key": key, "name": entry["name"], "source": source, "expected_shape": plan.output_shape,
                "shapes": plan.shapes(), "window_ms": self.o.config.window(self.o.backend),
                "memory_bytes": self.o.config.memory_bytes, "evaluator": self._evaluator_settings()}
