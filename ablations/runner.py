@@ -17,10 +17,9 @@ from ablations import record as rec
 from ablations.config import AblationConfig, AblationConfigError, Arm
 from ablations.engines import Engines, UpdateObserver
 from ablations.rollout import sample_episodes
+from ablations.report_data import CONFIG_FILE, DATA_FILE
 from ablations.statistics import length_clip_ratio
 
-DATA_FILE = "iterations.jsonl"
-CONFIG_FILE = "ablation.json"
 Say = Callable[[str], None]
 
 
