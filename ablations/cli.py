@@ -22,7 +22,8 @@ def _fail(message: str) -> None:
 
 @ablate.command("importance-ratio")
 def importance_ratio(
-    config: Path = typer.Option(..., help="ablation config YAML (configs/ablation_tiny.yaml, configs/ablation_small.yaml)"),
+    config: Path = typer.Option(..., help="ablation config YAML (configs/ablation_tiny.yaml, "
+                                "configs/ablation_small.yaml)"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: the config's output_dir)"),
     iterations: Optional[int] = typer.Option(None, help="overrides the config's iterations per arm"),
     overwrite: bool = typer.Option(False, help="replace the data already in the output folder"),
@@ -48,7 +49,8 @@ def importance_ratio(
 
 
 @ablate.command("report")
-def report(folder: Path = typer.Argument(..., help="an ablation output folder (iterations.jsonl, ablation.json)")) -> None:
+def report(folder: Path = typer.Argument(..., help="an ablation output folder (iterations.jsonl, ablation.json)")
+           ) -> None:
     """Render report.md and its figures again from the data in FOLDER alone."""
     from ablations.config import AblationConfigError
     from ablations.report import write_report

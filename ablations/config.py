@@ -53,9 +53,11 @@ class Arm:
 
     def __post_init__(self):
         if self.sampler_head not in SAMPLER_HEADS:
-            raise AblationConfigError(f"arm {self.name}: sampler_head {self.sampler_head!r}: expected one of {SAMPLER_HEADS}")
+            raise AblationConfigError(f"arm {self.name}: sampler_head {self.sampler_head!r}: "
+                                      f"expected one of {SAMPLER_HEADS}")
         if self.old_logprobs not in OLD_LOGPROBS:
-            raise AblationConfigError(f"arm {self.name}: old_logprobs {self.old_logprobs!r}: expected one of {OLD_LOGPROBS}")
+            raise AblationConfigError(f"arm {self.name}: old_logprobs {self.old_logprobs!r}: "
+                                      f"expected one of {OLD_LOGPROBS}")
 
     @property
     def sampler_logits_precision(self) -> str:
@@ -112,7 +114,8 @@ def _section(name: str, cls: type, raw: Any, **extra) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise AblationConfigError(f"unknown keys in {name}: {', '.join(map(str, unknown))} (known: {', '.join(sorted(known))})")
+        raise AblationConfigError(f"unknown keys in {name}: {', '.join(map(str, unknown))} "
+                                  f"(known: {', '.join(sorted(known))})")
     try:
         return cls(**{**raw, **extra})
     except AblationConfigError:
@@ -165,9 +168,11 @@ def _check_consistent(cfg: AblationConfig) -> None:
     model, train = cfg.run.model, cfg.run.train
     if any(a.sampler_head == "bf16" for a in cfg.arms + (Arm("warm_start", cfg.warm_start.sampler_head),)) \
             and model.compute_dtype != "bfloat16":
-        raise AblationConfigError(f"a bf16 sampler head needs run.model.compute_dtype: bfloat16, got {model.compute_dtype}")
+        raise AblationConfigError(f"a bf16 sampler head needs run.model.compute_dtype: bfloat16, "
+                                  f"got {model.compute_dtype}")
     if model.vocab_size < TASK_VOCAB:
-        raise AblationConfigError(f"run.model.vocab_size={model.vocab_size} is smaller than the task's {TASK_VOCAB} tokens")
+        raise AblationConfigError(f"run.model.vocab_size={model.vocab_size} is smaller than the task's "
+                                  f"{TASK_VOCAB} tokens")
     if train.seq_len < cfg.task.longest_row:
         raise AblationConfigError(f"run.train.seq_len={train.seq_len} is shorter than the task's longest row "
                                   f"({cfg.task.longest_row} tokens)")
@@ -185,16 +190,19 @@ def ablation_config_from_dict(raw: Any) -> AblationConfig:
         raise AblationConfigError("an ablation config must be a YAML mapping")
     unknown = sorted(set(raw) - _KEYS)
     if unknown:
-        raise AblationConfigError(f"unknown top-level keys: {', '.join(map(str, unknown))} (known: {', '.join(sorted(_KEYS))})")
+        raise AblationConfigError(f"unknown top-level keys: {', '.join(map(str, unknown))} "
+                                  f"(known: {', '.join(sorted(_KEYS))})")
     name = str(raw.get("name", "ablation"))
     cfg = AblationConfig(
         name=name, iterations=_positive_int(raw, "iterations"), seeds=_seeds(raw.get("seeds", [0])),
         output_dir=str(raw.get("output_dir", f"runs/ablations/{name}")),
-        task=_section("task", AdditionTask, raw.get("task")), warm_start=_section("warm_start", WarmStart, raw.get("warm_start")),
+        task=_section("task", AdditionTask, raw.get("task")),
+        warm_start=_section("warm_start", WarmStart, raw.get("warm_start")),
         collapse=_section("collapse", CollapseRule, raw.get("collapse")),
         arms=_arms(raw.get("arms"), raw.get("arm_defaults")), run=_run(raw.get("run")), raw=dict(raw))
     if cfg.warm_start.sampler_head not in SAMPLER_HEADS:
-        raise AblationConfigError(f"warm_start.sampler_head {cfg.warm_start.sampler_head!r}: expected one of {SAMPLER_HEADS}")
+        raise AblationConfigError(f"warm_start.sampler_head {cfg.warm_start.sampler_head!r}: "
+                                  f"expected one of {SAMPLER_HEADS}")
     _check_consistent(cfg)
     return cfg
 

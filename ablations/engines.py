@@ -38,7 +38,8 @@ class Engines:
     _logprobs: dict = dataclasses.field(default_factory=dict)
 
     def _template(self, kind: str, run) -> tuple[TrainState, Any, Any, Callable]:
-        """The starting checkpoint's state (compiled once), its host parameters and rest, and a jitted optimiser init."""
+        """The starting checkpoint's state (compiled once), its host parameters and rest, and a jitted
+        optimiser init."""
         if kind not in self._templates:
             state = new_state(kind, run, self.mesh, None, self.total_steps)
             shape = jax.eval_shape(state.tx.init, state.params)
@@ -78,7 +79,8 @@ class Engines:
         objective = dataclasses.replace(actor_objective(run, "ppo", run.train.global_batch_size),
                                         logprob_precision=precision, num_micro_batches=1)
         if objective not in self._logprobs:
-            self._logprobs[objective] = jax.jit(functools.partial(_logprobs_on_mesh, mesh=self.mesh, objective=objective))
+            fn = functools.partial(_logprobs_on_mesh, mesh=self.mesh, objective=objective)
+            self._logprobs[objective] = jax.jit(fn)
         return self._logprobs[objective]
 
     def trainer_logprobs(self, run, actor: TrainState, host_tb: TrajectoryBatch, precision: str = "fp32") -> np.ndarray:

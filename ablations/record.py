@@ -19,7 +19,8 @@ def mismatch_stats(train_logp: np.ndarray, rollout_logp: np.ndarray, low: float,
             "prob_correlation": st.probability_correlation(rollout_logp, train_logp)}
 
 
-def update_stats(logp: np.ndarray, old_logp: np.ndarray, advantage: np.ndarray, low: float, high: float) -> dict[str, Any]:
+def update_stats(logp: np.ndarray, old_logp: np.ndarray, advantage: np.ndarray, low: float,
+                 high: float) -> dict[str, Any]:
     """PPO's ratio pi_theta / pi_old as each mini-batch met it (every mini-batch of every epoch),
     bucketed by pi_old; the shares where the clip binds low and high."""
     ratio = np.exp(np.clip(logp - old_logp, -20.0, 20.0))

@@ -75,9 +75,11 @@ def _settings(raw: Mapping[str, Any]) -> list[str]:
     return [f"- iterations per arm: {raw.get('iterations')}; seeds: {raw.get('seeds', [0])} (sampling and mini-batch "
             "order; every seed starts from the same checkpoint)",
             f"- episodes per iteration: {episodes}, mini-batch {mini}, epochs {ppo.get('epochs', 1)}; clip "
-            f"[{1 - ppo.get('clip_low', 0.2):g}, {1 + ppo.get('clip_high', 0.28):g}], TIS cap {ppo.get('tis_cap', 2.0)}",
+            f"[{1 - ppo.get('clip_low', 0.2):g}, {1 + ppo.get('clip_high', 0.28):g}], "
+            f"TIS cap {ppo.get('tis_cap', 2.0)}",
             f"- model: {model.get('num_hidden_layers')} layers, hidden {model.get('hidden_size')}, vocabulary "
-            f"{model.get('vocab_size')}, compute {model.get('compute_dtype', 'bfloat16')}; task: {raw.get('task') or {}}; "
+            f"{model.get('vocab_size')}, compute {model.get('compute_dtype', 'bfloat16')}; "
+            f"task: {raw.get('task') or {}}; "
             f"warm start: {raw.get('warm_start') or {}}"]
 
 
@@ -98,13 +100,16 @@ def render(raw: Mapping[str, Any], records: list[dict[str, Any]], figures: Mappi
              if (f := rd.finding(a, b, setting, runs, m))]
     lines += [f"- {f}" for f in found] or ["- No pair of arms differs in exactly one setting."]
     lines += ["", "## Figures", ""]
-    captions = {"mismatch_std": "Std of p_train / p_rollout by token-probability bucket (trainer FP32 head, before updates)",
+    captions = {"mismatch_std": "Std of p_train / p_rollout by token-probability bucket "
+                                "(trainer FP32 head, before updates)",
                 "update_std": "Std of PPO's ratio pi_theta / pi_old by pi_old bucket, over every mini-batch and epoch",
                 "reward": "Reward, exact-match rate and response-length clip ratio",
-                "clip": "Shares of tokens where PPO's clip binds", "critic": "Critic explained variance, entropy, gradient norm"}
+                "clip": "Shares of tokens where PPO's clip binds",
+                "critic": "Critic explained variance, entropy, gradient norm"}
     for key, caption in captions.items():
         name = figures.get(key)
-        lines += [f"**{caption}.**", "", f"![{caption}]({name})" if name else "(no figure: matplotlib is not installed)", ""]
+        image = f"![{caption}]({name})" if name else "(no figure: matplotlib is not installed)"
+        lines += [f"**{caption}.**", "", image, ""]
     return "\n".join(lines)
 
 

@@ -78,7 +78,8 @@ def run_arm(cfg: AblationConfig, arm: Arm, seed: int, start, engines: Engines, w
     from policy_jax.stages import PPOStates, StageError
 
     run = cfg.arm_run_config(arm)
-    states = PPOStates(actor=engines.state("actor", run, start.actor), critic=engines.state("critic", run, start.critic))
+    states = PPOStates(actor=engines.state("actor", run, start.actor),
+                       critic=engines.state("critic", run, start.critic))
     for index in range(cfg.iterations):
         try:
             states, record = run_iteration(cfg, arm, run, seed, index, states, engines)

@@ -57,7 +57,8 @@ def outside_fraction(ratio, low: float, high: float) -> dict[str, float]:
 
 
 def clip_fractions(ratio, advantage, low: float, high: float) -> dict[str, float]:
-    """Shares of tokens where PPO's clip binds: "low" (A < 0 and ratio < 1 - low), "high" (A > 0 and ratio > 1 + high)."""
+    """Shares of tokens where PPO's clip binds: "low" (A < 0 and ratio < 1 - low), "high" (A > 0 and
+    ratio > 1 + high)."""
     r, a = _flat(ratio), _flat(advantage)
     if r.size == 0:
         return {"low": NAN, "high": NAN}

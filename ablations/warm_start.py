@@ -27,7 +27,8 @@ def _pool(cfg: AblationConfig, engines: Engines, actor_params, salt: int):
     problems = cfg.task.problems(np.random.default_rng([WARM_START_SEED, salt]), cfg.warm_start.episodes)
     precision = Arm("warm_start", cfg.warm_start.sampler_head).sampler_logits_precision
     s = cfg.run.sampling
-    return sample_episodes(actor.module(), problems, cfg.task, precision, WARM_START_SEED + salt, s.temperature, s.top_k, s.top_p)
+    return sample_episodes(actor.module(), problems, cfg.task, precision, WARM_START_SEED + salt,
+                           s.temperature, s.top_k, s.top_p)
 
 
 def _batches(cfg: AblationConfig, rows) -> BatchIterator:
@@ -51,12 +52,14 @@ def _rft(cfg: AblationConfig, engines: Engines, base_actor, say: Callable[[str],
 def _value(cfg: AblationConfig, engines: Engines, actor, base_critic, say: Callable[[str], None], salt: int):
     pool = _pool(cfg, engines, actor, salt)
     say(f"warm start: value pretraining on {len(pool.rows)} episodes (reward mean {pool.reward_mean:.3f})")
-    state = run_value_pretraining(engines.state("critic", cfg.run, base_critic), _batches(cfg, trainable_rows(pool.rows)),
-                                  cfg.run, engines.mesh, cfg.warm_start.value_steps)
+    state = run_value_pretraining(engines.state("critic", cfg.run, base_critic),
+                                  _batches(cfg, trainable_rows(pool.rows)), cfg.run, engines.mesh,
+                                  cfg.warm_start.value_steps)
     return host_params(state)
 
 
-def starting_points(cfg: AblationConfig, engines: Engines, say: Callable[[str], None]) -> dict[tuple[bool, bool], StartingPoint]:
+def starting_points(cfg: AblationConfig, engines: Engines,
+                    say: Callable[[str], None]) -> dict[tuple[bool, bool], StartingPoint]:
     """{(rft_init, value_pretraining): StartingPoint} for the combinations the arms use."""
     base = {kind: host_params(engines.state(kind, cfg.run, None)) for kind in ("actor", "critic")}
     needed = sorted({(a.rft_init, a.value_pretraining) for a in cfg.arms})
