@@ -22,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_PACKAGES = ("evaluator_cuda", "bridge", "policy_jax", "agent", "task_synthesis")
+_PACKAGES = ("evaluator_cuda", "bridge", "policy_jax", "agent", "task_synthesis", "ablations")
 
 
 def _register_all() -> None:

@@ -377,9 +377,13 @@ class PPOUpdater:
                    make_critic_step(states.critic, critic_objective(cfg, mini), mesh),
                    jax.jit(functools.partial(_rollout_inputs_on_mesh, mesh=mesh, cfg=cfg, objective=objective)))
 
-    def update(self, states: PPOStates, host_tb: TrajectoryBatch) -> tuple[PPOStates, dict[str, Any]]:
+    def update(self, states: PPOStates, host_tb: TrajectoryBatch,
+               observe: Callable[[TrainState, PolicyBatch], None] | None = None) -> tuple[PPOStates, dict[str, Any]]:
         """One PPO iteration on one rollout batch: `ppo.epochs` passes of mini-batches, an actor and a
-        critic update per mini-batch. -> (states, the metrics of every update averaged)."""
+        critic update per mini-batch. -> (states, the metrics of every update averaged).
+
+        observe(actor, mini-batch), when given, sees each mini-batch and the actor about to take it
+        (before the step, which donates the actor's arrays)."""
         cfg, mesh, mini = self.cfg, self.mesh, self.mini
         require_agent_tokens(host_tb, "ppo")
         tb = to_device(host_tb, mesh)
@@ -391,6 +395,8 @@ class PPOUpdater:
             for start in range(0, self.rows, mini):
                 pb = _constrain(take_rows(policy, start, start + mini), mesh)
                 vb = _constrain(take_rows(value, start, start + mini), mesh)
+                if observe is not None:
+                    observe(states.actor, pb)
                 states.actor, actor_metrics = self.actor_step(states.actor, pb)
                 states.critic, critic_metrics = self.critic_step(states.critic, vb)
                 actor_updates.append(_floats(actor_metrics))
