@@ -58,11 +58,13 @@ def _shape_mismatches(wanted, saved) -> str:
         return {"/".join(name(e) for e in path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
 
     need, have = flat(wanted), flat(saved)
-    problems = [f"{k} missing" for k in need if k not in have] + [f"{k} not in this model" for k in have if k not in need]
+    problems = [f"{k} missing" for k in need if k not in have]
+    problems += [f"{k} not in this model" for k in have if k not in need]
     for key in need.keys() & have.keys():
         a, b = need[key], have[key]
         if tuple(a.shape) != tuple(b.shape) or jnp.dtype(a.dtype) != jnp.dtype(b.dtype):
-            problems.append(f"{key}: saved {tuple(b.shape)} {jnp.dtype(b.dtype)}, wanted {tuple(a.shape)} {jnp.dtype(a.dtype)}")
+            problems.append(f"{key}: saved {tuple(b.shape)} {jnp.dtype(b.dtype)}, "
+                            f"wanted {tuple(a.shape)} {jnp.dtype(a.dtype)}")
     return "; ".join(sorted(problems)[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
 
 
