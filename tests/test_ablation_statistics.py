@@ -48,9 +48,14 @@ def test_correlation_explained_variance_length_clip():
     assert st.probability_correlation(np.log([0.1, 0.2, 0.3]), np.log([0.2, 0.4, 0.6])) == pytest.approx(1.0)
     assert st.probability_correlation(np.log([0.1, 0.2, 0.3]), np.log([0.3, 0.1, 0.2])) == pytest.approx(-0.5)
     assert math.isnan(st.probability_correlation(np.log([0.2, 0.2]), np.log([0.1, 0.3])))
-    # residual [0, 0, 0, -1]: variance 0.1875; returns' variance 1.25
-    assert st.explained_variance([1, 2, 3, 5], [1, 2, 3, 4]) == pytest.approx(1 - 0.1875 / 1.25)
-    assert math.isnan(st.explained_variance([1, 2], [3, 3]))
+    # residual [0, 0, 0, -1]: variance 0.1875; returns' variance 1.25 (the critic's own statistic, which
+    # the ablation records)
+    from policy_jax.rl.metrics import explained_variance
+
+    ones = np.ones((1, 4))
+    assert float(explained_variance(np.array([[1., 2, 3, 5]]), np.array([[1., 2, 3, 4]]), ones)) == pytest.approx(
+        1 - 0.1875 / 1.25)
+    assert math.isnan(float(explained_variance(np.array([[1., 2]]), np.array([[3., 3]]), np.ones((1, 2)))))
     assert st.length_clip_ratio([True, False, False, True]) == 0.5
 
 
