@@ -373,6 +373,7 @@ def _arm_parent_death(alive_fd: int | None) -> None:
 def _run_command(plan: dict) -> None:
     """In `command`: never returns."""
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # a signal held for it arrives now
         os.setsid()
         if plan["drop"]:
             drop_privileges(plan)
@@ -425,7 +426,16 @@ def _fail(message: str, code: int) -> None:
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
+def _hold_signals() -> None:
+    """Block the forwarded signals until `_forward_signals` has a target: a signal that arrives
+    in between waits instead of being lost (pid 1 of a pid namespace drops one it has no handler
+    for, so a termination sent while the jail was being built never reached the command)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+
+
 def _forward_signals(pid: int) -> None:
+    """Forward the termination signals to `pid`, then deliver the ones held so far."""
+
     def forward(signum, frame):
         try:
             os.kill(pid, signum)
@@ -434,6 +444,7 @@ def _forward_signals(pid: int) -> None:
 
     for signum in _FORWARDED:
         signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
 
 
 def _init(plan: dict, alive_fd: int, report_fd: int) -> None:
@@ -511,6 +522,7 @@ def main() -> None:
         _fail(f"jail: {error}", SETUP_FAILED)
     alive_read, alive_write = os.pipe()
     report_read, report_write = os.pipe()
+    _hold_signals()  # inherited by init, which keeps them held until it forwards them
     pid = os.fork()
     if pid == 0:
         os.close(alive_write)
