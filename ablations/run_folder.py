@@ -7,18 +7,21 @@ without its newline was cut short by a stop and is left out. Rewrites replace th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ablations.config import AblationConfig, AblationConfigError
 from ablations.report_data import CONFIG_FILE, DATA_FILE
 
 CHECKPOINTS = "checkpoints"
 REPORT = "report.md"
+LOCK = ".lock"
 _ABSENT = object()
 
 
@@ -116,3 +119,17 @@ def open_folder(cfg: AblationConfig, out_dir: str | Path, resume: bool) -> tuple
                                   f"start over, or choose another --out")
     folder.start(cfg)
     return folder, False
+
+
+@contextlib.contextmanager
+def locked(out_dir: str | Path) -> Iterator[None]:
+    """The folder to this process alone while the block lasts; a second run on it is refused."""
+    path = Path(out_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / LOCK, "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AblationConfigError(f"another run is writing to {path}; wait for it to end or choose another "
+                                      f"--out") from None
+        yield

@@ -20,7 +20,7 @@ from ablations.config import AblationConfig, Arm
 from ablations.engines import Engines, UpdateObserver
 from ablations.resume import Records, finished, records_in_line
 from ablations.rollout import sample_episodes
-from ablations.run_folder import RunFolder, open_folder
+from ablations.run_folder import RunFolder, locked, open_folder
 from ablations.statistics import length_clip_ratio
 from ablations.stopping import StopSignals, Stopped
 
@@ -31,7 +31,7 @@ Say = Callable[[str], None]
 class Position:
     """Where the run stands, for the line a stop prints."""
 
-    text: str = "before the warm start"
+    text: str = "before the first arm"
 
     def arm(self, arm: Arm, seed: int, saved: int, iterations: int) -> None:
         self.text = f"in arm {arm.name} seed {seed} with {saved}/{iterations} iterations saved"
@@ -114,7 +114,8 @@ class ArmRun:
         fresh = PPOStates(actor=self.engines.state("actor", run, start.actor),
                           critic=self.engines.state("critic", run, start.critic))
         with ArmCheckpoints(arm_dir(self.folder.checkpoints, arm, seed)) as saved:
-            states, done = saved.restore(fresh)
+            with self.signals.held():
+                states, done = saved.restore(fresh)
             if done:
                 self.say(f"resuming: arm {arm.name} seed {seed} from iteration {done + 1}/{cfg.iterations}")
             for index in range(done, cfg.iterations):
@@ -156,7 +157,8 @@ def _engines_and_points(cfg: AblationConfig, folder: RunFolder, devices, signals
                                                                           cfg.run.train.global_batch_size)
     engines = Engines(make_mesh(cfg.run.mesh, devices), total_steps=max(1, cfg.iterations * updates))
     keys = sorted({(a.rft_init, a.value_pretraining) for a in cfg.arms})
-    points = load_starting_points(folder.checkpoints, keys, engines, cfg.run)
+    with signals.held():
+        points = load_starting_points(folder.checkpoints, keys, engines, cfg.run)
     if points is not None:
         say(f"warm start: the starting points saved in {folder.checkpoints / 'start'}")
         return engines, points
@@ -176,6 +178,7 @@ def _run_arms(cfg: AblationConfig, folder: RunFolder, records: Records, devices,
             if finished(records.get((arm.name, seed), []), cfg.iterations):
                 say(f"{label}: finished, skipped")
                 continue
+            position.text = f"before {label}"
             engines, points = setup = setup or _engines_and_points(cfg, folder, devices, signals, position, say)
             say(f"{label}: {arm.settings()}")
             start = points[(arm.rft_init, arm.value_pretraining)]
@@ -199,15 +202,16 @@ def run_ablation(cfg: AblationConfig, out_dir: str | Path, say: Say = print, dev
     continues (`resume`; a run of another config is refused), else a new one starts. SIGTERM or Ctrl-C
     raises Stopped, saying where the run stopped; what it saved stays."""
     position = Position()
-    with StopSignals() as signals:
+    with locked(out_dir), StopSignals() as signals:
         try:
             with signals.held():
                 folder, records = _open(cfg, out_dir, resume, say)
             _run_arms(cfg, folder, records, devices, signals, position, say)
+            if report:
+                from ablations.report import write_report
+
+                position.text = "while writing the report"
+                say(f"report: {write_report(folder.path)}")
         except Stopped as stop:
             raise Stopped(f"{stop} {position.text}; run the same command again to resume") from None
-    if report:
-        from ablations.report import write_report
-
-        say(f"report: {write_report(folder.path)}")
     return folder.path
