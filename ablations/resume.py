@@ -22,7 +22,7 @@ def finished(records: list[dict[str, Any]], iterations: int) -> bool:
 
 
 def arm_records(found: list[dict[str, Any]], done: int, last: dict[str, Any] | None,
-                run: str = "an arm") -> list[dict[str, Any]]:
+                label: str = "an arm") -> list[dict[str, Any]]:
     """One arm and seed's records in line with its checkpoint (`done` iterations, `last` the last record)."""
     found = sorted(found, key=lambda r: r["iteration"])
     if found and found[-1].get("stopped"):
@@ -31,7 +31,7 @@ def arm_records(found: list[dict[str, Any]], done: int, last: dict[str, Any] | N
     if last is not None and len(kept) == done - 1:
         kept.append(last)
     if [r["iteration"] for r in kept] != list(range(done)):
-        raise AblationConfigError(f"the records of {run} do not match its checkpoint of "
+        raise AblationConfigError(f"the records of {label} do not match its checkpoint of "
                                   f"{done} iterations; pass --no-resume to start over")
     return kept
 

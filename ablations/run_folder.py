@@ -63,7 +63,9 @@ class RunFolder:
         try:
             theirs = json.loads(self.config_file.read_text())
         except ValueError:
-            raise AblationConfigError(f"{self.config_file} is not JSON; pass --no-resume to start over") from None
+            theirs = None
+        if not isinstance(theirs, dict):
+            raise AblationConfigError(f"{self.config_file} is not a config; pass --no-resume to start over")
         differ = _differences(_comparable(cfg.raw), _comparable(theirs))
         if differ:
             shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")

@@ -153,6 +153,23 @@ def test_records_are_brought_in_line_with_the_checkpoint():
         arm_records([r1], 2, r1)
 
 
+def test_parameters_that_cannot_be_saved_end_the_arm_with_a_stopped_line(tmp_path):
+    from ablations.resume import finished
+    from ablations.run_folder import RunFolder
+    from ablations.runner import _commit
+    from policy_jax.checkpoint import CheckpointError
+
+    class NonFinite:
+        def save(self, states, iterations, record):
+            raise CheckpointError("step 16: not saved, non-finite parameters in ['w']")
+
+    folder = RunFolder(tmp_path)
+    assert _commit(folder, NonFinite(), None, _record(1)).startswith("non-finite parameters after iteration 2")
+    records, cut = folder.read_records()
+    assert not cut and records[0] == _record(1) and records[1]["iteration"] == 2 and records[1]["stopped"]
+    assert finished(arm_records([_record(0), *records], 1, _record(0)), iterations=5)
+
+
 def test_another_config_is_refused_in_one_line_and_no_resume_starts_over(tmp_path):
     from typer.testing import CliRunner
 
