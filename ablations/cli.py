@@ -26,13 +26,21 @@ def importance_ratio(
                                 "configs/ablation_small.yaml)"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: the config's output_dir)"),
     iterations: Optional[int] = typer.Option(None, help="overrides the config's iterations per arm"),
-    overwrite: bool = typer.Option(False, help="replace the data already in the output folder"),
+    resume: bool = typer.Option(True, help="continue the run the output folder holds (--no-resume: start over, "
+                                "discarding it)"),
 ) -> None:
     """Run every arm (sampler head, old log-probs, TIS, RFT init, value pretraining) for every seed from one
-    starting checkpoint; write iterations.jsonl and report.md with its figures in the output folder."""
+    starting checkpoint; write iterations.jsonl and report.md with its figures in the output folder.
+
+    Resumable: each iteration is checkpointed with its record, and running the same command again skips the
+    finished arms and continues the one in progress from its last iteration; a run started with another
+    config is refused. Exit codes: 0 done; 2 bad input; 130 stopped (SIGTERM or Ctrl-C; running again resumes).
+    """
     import dataclasses
 
     from ablations.config import AblationConfigError, load_ablation_config
+    from ablations.stopping import Stopped
+    from policy_jax.checkpoint import CheckpointError
     from policy_jax.stages import StageError
 
     try:
@@ -43,9 +51,15 @@ def importance_ratio(
             cfg = dataclasses.replace(cfg, iterations=iterations, raw={**cfg.raw, "iterations": iterations})
         from ablations.runner import run_ablation
 
-        run_ablation(cfg, out or Path(cfg.output_dir), say=lambda line: typer.echo(line), overwrite=overwrite)
-    except (AblationConfigError, StageError) as e:
+        run_ablation(cfg, out or Path(cfg.output_dir), say=lambda line: typer.echo(line), resume=resume)
+    except (AblationConfigError, StageError, CheckpointError) as e:
         _fail(str(e))
+    except Stopped as e:
+        typer.echo(f"stopped: {e}", err=True)
+        raise typer.Exit(code=130)
+    except KeyboardInterrupt:  # before the run set its own handling up
+        typer.echo("stopped: Ctrl-C before the run began; run the same command again", err=True)
+        raise typer.Exit(code=130)
 
 
 @ablate.command("report")

@@ -133,6 +133,8 @@ def _arms(raw: Any, defaults: Any) -> tuple[Arm, ...]:
     for i, item in enumerate(raw):
         if not isinstance(item, Mapping) or not isinstance(item.get("name"), str) or not item["name"]:
             raise AblationConfigError(f"arms[{i}] must be a mapping with a non-empty name")
+        if "/" in item["name"] or item["name"] in (".", ".."):
+            raise AblationConfigError(f"arm name {item['name']!r} cannot name its checkpoint folder")
         arms.append(_section(f"arm {item['name']}", Arm, {**(defaults or {}), **item}))
     names = [a.name for a in arms]
     if len(set(names)) != len(names):

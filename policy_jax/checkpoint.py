@@ -143,6 +143,14 @@ class TrainCheckpointer:
         )
         return state, dict(restored["data"] or {})
 
+    def data(self, step: int) -> dict[str, Any]:
+        """The data position saved with `step`, without reading its arrays."""
+        restored = self._manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))
+        return dict(restored["data"] or {})
+
+    def delete(self, step: int) -> None:
+        self._manager.delete(step)
+
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
