@@ -52,7 +52,12 @@ def synthesize(
                                              help="Run the evaluator's reference self-check in isolated children."),
     compile_check: Optional[bool] = typer.Option(None, "--compile/--no-compile",
                                                  help="Require the evaluator's torch.compile baseline to run."),
-    cache_dir: Optional[Path] = typer.Option(None, help="Evaluator cache folder (default as for bench)."),
+    cache_dir: Optional[Path] = typer.Option(None, help="Evaluator cache folder of unjailed workers (default as for "
+                                                        "bench); jailed workers keep theirs in their private /tmp."),
+    unjailed_workers: bool = typer.Option(False, "--unjailed-workers",
+                                          help="Run the filter's workers without the jail: candidate code runs "
+                                               "as this user, with its files and network (warned of with --composer "
+                                               "llm)."),
     composer: str = typer.Option("programmatic", help="programmatic | llm: who writes each task from the drawn "
                                                       "operators (llm: a model behind --base-url)."),
     base_url: Optional[str] = typer.Option(None, help="OpenAI-compatible endpoint for --composer llm, "
@@ -69,14 +74,18 @@ def synthesize(
     Resumable: run the same command again after a crash; only the candidates in flight are lost.
     With --composer llm a model writes each task from the same draw of operators; its code goes
     through the same screen, similarity checks and execution filter, and is never run in this process.
-    Exit codes: 0 every quota met; 1 some categories fell short; 2 bad input; 3 the LLM endpoint failed
-    (unreachable, HTTP errors after the retries); 130 stopped (SIGTERM or Ctrl-C; the workers and their
-    evaluator children are ended, and running again resumes).
+    The filter's workers run in a jail (no network, read-only code, a private /tmp); where the jail cannot be
+    built, --composer llm is refused (--unjailed-workers overrides) and programmatic tasks run unjailed.
+    Exit codes: 0 every quota met; 1 some categories fell short; 2 bad input, no jail for --composer llm,
+    or workers that cannot start; 3 the LLM endpoint failed (unreachable, HTTP errors after the retries);
+    130 stopped (SIGTERM or Ctrl-C; the workers and their evaluator children are ended, and running again
+    resumes).
     """
     from .config import ConfigError, SynthesisConfig
     from .catalogue.store import CatalogueError
     from .compose.chat_client import EndpointError
     from .pipeline.journal import JournalError
+    from .filter.pool import WorkersCannotStart
     from .pipeline.run import RunOptions, Stopped, Synthesis, SynthesisError
 
     if backend not in ("auto", "cuda", "host"):
@@ -86,11 +95,14 @@ def synthesize(
         settings = SynthesisConfig.load(config, scale=scale, evaluator=evaluator, compile=compile_check)
         resolved = _backend(backend)
         options = RunOptions(out=out, count=count, config=settings, seed=seed, workers=workers, backend=resolved,
-                             eval_dir=eval_dir, cache_dir=str(cache_dir) if cache_dir else None, llm=llm)
+                             eval_dir=eval_dir, cache_dir=str(cache_dir) if cache_dir else None, llm=llm,
+                             unjailed_workers=unjailed_workers)
         begin = time.monotonic()
         run = Synthesis(options, progress=_say)
+        if run.jail_note:
+            _say(run.jail_note)
         run.run()
-    except (ConfigError, CatalogueError, JournalError, SynthesisError) as exc:
+    except (ConfigError, CatalogueError, JournalError, SynthesisError, WorkersCannotStart) as exc:
         _fail(str(exc))
     except EndpointError as exc:
         typer.echo(f"error: {exc}; {len(run.journal.entries)} decided candidates are in the journal, "
@@ -100,6 +112,7 @@ def synthesize(
         typer.echo(f"stopped: {exc}", err=True)
         raise typer.Exit(code=130)
     written = _finish(run, time.monotonic() - begin)
+    _say(_start_up_line(run))
     short = {c: q - run.kept[c] for c, q in run.quotas.items() if run.kept[c] < q}
     typer.echo(f"{written} tasks in {out}; report in {_report_path(out)}")
     if short:
@@ -124,6 +137,15 @@ def _chat_settings(composer: str, base_url, model, api_key_env: str, timeout_s: 
                             retries=retries)
     except ValueError as exc:
         _fail(str(exc))
+
+
+def _start_up_line(run) -> str:
+    times = sorted(run.pool.start_times)
+    where = "jailed" if run.jailed else "unjailed"
+    if not times:
+        return f"workers ({where}): none started"
+    median = times[len(times) // 2]
+    return f"workers ({where}): {len(times)} started, start-up median {median:.2f} s, max {times[-1]:.2f} s"
 
 
 def _backend(backend: str) -> str:

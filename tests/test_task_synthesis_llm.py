@@ -3,9 +3,6 @@ a good task is kept through the real filter, every bad reply is a recorded rejec
 reason, endpoint failures are retried or end in one clear line; the screen, the reply parser and
 the worker's time limit on their own."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -13,7 +10,7 @@ from typer.testing import CliRunner
 
 from cuda_agent.cli import app
 from task_synthesis.catalogue import store
-from task_synthesis.compose.chat_client import ChatClient, ChatSettings, EndpointError
+from task_synthesis.compose.chat_client import ChatClient, EndpointError
 from task_synthesis.compose.composer import compose
 from task_synthesis.compose.llm_reply import extract_code
 from task_synthesis.compose.render import render
@@ -23,68 +20,12 @@ from task_synthesis.filter.screen import screen
 from task_synthesis.pipeline.outputs import write_parquet, write_report
 from task_synthesis.pipeline.run import RunOptions, Synthesis, candidate_seed
 
+from synthesis_helpers import chat_server, chat_settings  # noqa: F401 (chat_server is a fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "tasks"
 OPERATORS = store.load()["operators"]
 SEED = 7
-
-
-class ChatServer:
-    """A chat-completions endpoint on 127.0.0.1 answering from a script: each item is a reply text (HTTP 200)
-    or (status, body). Every request is recorded (path, headers, JSON body)."""
-
-    def __init__(self, script: list):
-        self.script, self.requests = list(script), []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                status, text = server._next(body)
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(text.encode())
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def _next(self, body: dict) -> tuple[int, str]:
-        if not self.script:
-            return 404, "the script is over"
-        item = self.script.pop(0)
-        if isinstance(item, tuple):
-            return item
-        message = {"role": "assistant", "content": item}
-        return 200, json.dumps({"model": body["model"], "choices": [{"message": message, "finish_reason": "stop"}]})
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def chat_server():
-    servers = []
-
-    def start(script):
-        servers.append(ChatServer(script))
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.close()
-
-
-def _settings(url: str, **overrides) -> ChatSettings:
-    values = {"base_url": url, "model": "test-model", "api_key_env": "SYNTH_TEST_KEY", "retries": 2,
-              "backoff_s": 0.01, "timeout_s": 30.0, **overrides}
-    return ChatSettings(**values)
 
 
 def _plan(index: int):
@@ -119,7 +60,7 @@ def test_a_run_keeps_the_good_task_and_records_every_bad_reply_with_its_reason(t
     out = tmp_path / "tasks.parquet"
     options = RunOptions(out=out, count=1, config=SynthesisConfig(compile=False), seed=SEED, workers=1,
                          backend="host", eval_dir=EXAMPLES, cache_dir=str(tmp_path / "cache"),
-                         llm=_settings(server.url))
+                         llm=chat_settings(server.url))
     run = Synthesis(options, progress=lambda line: None)
     ran_here = []  # the model's code runs only in the worker processes (spawned: they do not see this patch)
     monkeypatch.setattr("evaluator_cuda.tasks.exec_task", lambda *args, **kwargs: ran_here.append(args))
@@ -147,7 +88,7 @@ def test_a_run_keeps_the_good_task_and_records_every_bad_reply_with_its_reason(t
     assert table[0]["code"] == sources[4] and table[0]["data_source"] == "task_synthesis/llm"
     assert table[0]["ops"] == plans[4].ops
     report = write_report(entries, run.quotas, options.config.composition, 1.0, tmp_path / "r.md", None,
-                          run.journal_settings()).read_text()
+                          run.journalchat_settings()).read_text()
     assert "LLM composer (test-model)" in report and "| reply |" in report and "| screen |" in report
 
 
@@ -160,7 +101,7 @@ def test_a_run_keeps_the_good_task_and_records_every_bad_reply_with_its_reason(t
 ])
 def test_the_client_retries_what_may_pass_and_names_what_does_not(chat_server, script, retries, expected):
     server = chat_server(script)
-    client = ChatClient(_settings(server.url, retries=retries))
+    client = ChatClient(chat_settings(server.url, retries=retries))
     if expected in ("fine", ""):
         assert client.complete([{"role": "user", "content": "hi"}]) == expected
         return
@@ -179,7 +120,7 @@ def _closed_port_url(chat_server) -> str:
 def test_an_unreachable_server_is_one_error_line_and_exit_3(tmp_path, chat_server):
     url = _closed_port_url(chat_server)
     with pytest.raises(EndpointError, match="unreachable.*after 2 attempts"):
-        ChatClient(_settings(url, retries=1)).complete([{"role": "user", "content": "hi"}])
+        ChatClient(chat_settings(url, retries=1)).complete([{"role": "user", "content": "hi"}])
     args = ["data", "synthesize", "--out", str(tmp_path / "t.parquet"), "--count", "2", "--backend", "host",
             "--composer", "llm", "--base-url", url, "--model", "m", "--retries", "0"]
     result = CliRunner().invoke(app, args)

@@ -4,10 +4,12 @@ The parent drafts each candidate from its own seed (compose/drafts.py: the progr
 renders its plan at once; the LLM composer's drafts are written by a model on background
 threads), screens its source statically (filter/screen.py: the source is parsed, never run
 here), drops it when it is too similar to an evaluation program (decontamination) or to a task
-already kept (near-duplicate), and hands the rest to a pool of worker processes
-(filter/worker.py). Candidates are drawn for the category furthest below its quota (quotas.py),
-so the kept set follows the target composition whichever composer writes them. Every decision
-goes to the journal before the next one; a resumed run replays the journal.
+already kept (near-duplicate), and hands the rest to the filter's workers (filter/pool.py:
+long-lived processes, each in its own jail, running filter/worker.py on one candidate at a time;
+the run alone writes the journal and treats their verdicts as untrusted data). Candidates are
+drawn for the category furthest below its quota (quotas.py), so the kept set follows the target
+composition whichever composer writes them. Every decision goes to the journal before the next
+one; a resumed run replays the journal.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import concurrent.futures as futures
 import contextlib
 import dataclasses
 import hashlib
-import multiprocessing
 import signal
 import threading
 import time
@@ -27,6 +28,8 @@ from ..compose.chat_client import ChatSettings, EndpointError
 from ..compose.drafts import DraftRejected, ProgrammaticComposer, start_draft
 from ..config import SynthesisConfig
 from ..filter.execution import Rejected
+from ..filter.launch import Launcher, WorkerLimits, evaluator_inside, jail_problem
+from ..filter.pool import WorkerPool, WorkersCannotStart
 from ..filter.screen import screen
 from ..similarity.score import SimilarityIndex, fingerprint
 from .journal import Journal, journal_path
@@ -54,20 +57,6 @@ def stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _stop_workers(pool) -> None:
-    """End the pool now: SIGTERM to each worker (each closes its evaluator children as it exits),
-    then SIGKILL to any still alive after a grace period."""
-    workers = multiprocessing.active_children()
-    for worker in workers:
-        worker.terminate()
-    deadline = time.monotonic() + 20.0
-    for worker in workers:
-        worker.join(max(0.0, deadline - time.monotonic()))
-        if worker.is_alive():
-            worker.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
-
-
 class SynthesisError(ValueError):
     """Bad input to a run (no such folder, an unusable count); str() is one line."""
 
@@ -84,6 +73,25 @@ class RunOptions:
     catalogue: Path | None = None
     cache_dir: str | None = None
     llm: ChatSettings | None = None  # the LLM composer's endpoint (None: the programmatic composer)
+    unjailed_workers: bool = False  # run the filter's workers without the jail (see filter/launch.py)
+    worker_limits: WorkerLimits | None = None  # None: WorkerLimits.for_backend(backend)
+    skip_screen_for_tests_only: bool = False  # candidates reach the workers unscreened: for tests of the jail
+
+
+def workers_jailed(options: RunOptions) -> tuple[bool, str | None]:
+    """(whether the filter's workers run in the jail, a line to show the user or None). A model's code runs
+    only in jailed workers unless the run opts out; where the jail cannot be built, the programmatic
+    composer's tasks (our own code) run in plain workers."""
+    if options.unjailed_workers:
+        return False, ("warning: --unjailed-workers: the model's code runs unjailed, as this user"
+                       if options.llm is not None else None)
+    problem = jail_problem()
+    if problem is None:
+        return True, None
+    if options.llm is not None:
+        raise SynthesisError(f"--composer llm runs a model's code only in jailed workers, and the jail cannot be "
+                             f"built here ({problem}); --unjailed-workers runs it unjailed")
+    return False, f"note: the filter's workers run unjailed: the jail cannot be built here ({problem})"
 
 
 def candidate_seed(seed: int, category: str, index: int) -> int:
@@ -122,6 +130,8 @@ class Synthesis:
         if options.out.suffix != ".parquet":
             raise SynthesisError(f"--out must name a .parquet file, got {options.out}")
         self.o, self.say = options, progress
+        self.jailed, self.jail_note = workers_jailed(options)
+        self.limits = options.worker_limits or WorkerLimits.for_backend(options.backend)
         self.operators = store.load(options.catalogue)["operators"]
         self.composer = _composer(options, self.operators)
         self.eval_index = load_eval_index(options.eval_dir)
@@ -200,7 +210,8 @@ class Synthesis:
         entry = {**entry, "ops": plan.ops, "input_shape": plan.input_shape, "output_shape": plan.output_shape,
                  "source": source}
         try:
-            screen(source)
+            if not self.o.skip_screen_for_tests_only:
+                screen(source)
         except Rejected as exc:
             return {**entry, "status": "rejected", "stage": exc.stage, "reason": exc.reason}, None
         return self._similar(entry, plan)
@@ -230,7 +241,8 @@ class Synthesis:
             return None
         from ..filter.evaluator_stage import evaluator_settings
 
-        return evaluator_settings(self.o.backend, self.o.config.compile, self.o.cache_dir)
+        settings = evaluator_settings(self.o.backend, self.o.config.compile, self.o.cache_dir)
+        return evaluator_inside(settings, self.limits) if self.jailed else settings
 
     # --- deciding -------------------------------------------------------------------------------
 
@@ -256,26 +268,23 @@ class Synthesis:
     def run(self) -> dict:
         """Synthesise until every quota is met or its attempts are spent; returns the kept count per category.
         SIGTERM or Ctrl-C stops the workers (and the evaluator's children under them) and raises Stopped;
-        an LLM endpoint that cannot answer stops them too and raises EndpointError. The journal keeps every
-        decision, so running again resumes."""
-        context = multiprocessing.get_context("spawn")
-        from ..filter.worker import filter_candidate, start_worker
-
+        an LLM endpoint that cannot answer stops them too and raises EndpointError, workers that cannot
+        start WorkersCannotStart. The journal keeps every decision, so running again resumes."""
         drafting: dict = {}  # future of a draft -> entry
         filtering: dict = {}  # future of a worker's verdict -> entry
-        pool = futures.ProcessPoolExecutor(self.o.workers, mp_context=context, initializer=start_worker)
+        self.pool = WorkerPool(Launcher(self.o.backend, self.jailed, self.limits), self.o.workers)
         try:
             with stop_on_sigterm():
-                self._loop(pool, drafting, filtering, filter_candidate)
+                self._loop(drafting, filtering)
         except (Stopped, KeyboardInterrupt):
-            _stop_workers(pool)
+            self.pool.stop()
             raise Stopped(f"stopped with {len(self.journal.entries)} candidates decided; "
                           f"{len(drafting) + len(filtering)} in flight are lost, run the same command to resume") \
                 from None
-        except EndpointError:
-            _stop_workers(pool)
+        except (EndpointError, WorkersCannotStart):
+            self.pool.stop()
             raise
-        pool.shutdown(wait=True)
+        self.pool.close()
         return dict(self.kept)
 
     def _open_categories(self, drafting: dict, filtering: dict) -> list[str]:
@@ -289,7 +298,7 @@ class Synthesis:
         concurrency = self.composer.concurrency
         return len(drafting) + len(filtering) < self.o.workers + concurrency and len(drafting) < max(1, concurrency)
 
-    def _loop(self, pool, drafting: dict, filtering: dict, filter_candidate) -> None:
+    def _loop(self, drafting: dict, filtering: dict) -> None:
         """Draft candidates while quotas are open and there is room; screen each draft as it is made, hand
         it to a worker, decide each as its worker finishes."""
         while True:
@@ -297,7 +306,7 @@ class Synthesis:
             if open_ and self._room(drafting, filtering):
                 entry, future = self._start(open_[0])
                 if future.done():  # a programmatic draft: screened at once, in a reproducible order
-                    self._screened(pool, filtering, filter_candidate, entry, future)
+                    self._screened(filtering, entry, future)
                 else:
                     drafting[future] = entry
                 continue
@@ -306,24 +315,17 @@ class Synthesis:
             finished, _ = futures.wait([*drafting, *filtering], return_when=futures.FIRST_COMPLETED)
             for future in [f for f in [*drafting, *filtering] if f in finished]:  # in the order they started
                 if future in drafting:
-                    self._screened(pool, filtering, filter_candidate, drafting.pop(future), future)
+                    self._screened(filtering, drafting.pop(future), future)
                 else:
                     entry = filtering.pop(future)
-                    self._decide(entry, self._result(future, entry))
+                    self._decide(entry, future.result())  # a verdict, or a `worker` rejection (filter/pool.py)
 
-    def _screened(self, pool, filtering: dict, filter_candidate, entry: dict, future) -> None:
+    def _screened(self, filtering: dict, entry: dict, future) -> None:
         entry, job = self._drafted(entry, future)
         if job is None:
             self._decide(entry, None)
         else:
-            filtering[pool.submit(filter_candidate, job)] = entry
-
-    @staticmethod
-    def _result(future, entry: dict) -> dict:
-        try:
-            return future.result()
-        except Exception as exc:  # the worker process died under this candidate
-            return {"status": "rejected", "stage": "worker", "reason": f"worker process failed: {exc}"[:200]}
+            filtering[self.pool.submit(job)] = entry
 
 
 def _composer(options: RunOptions, operators: list[dict]):
