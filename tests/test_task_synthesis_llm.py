@@ -62,7 +62,7 @@ def test_a_run_keeps_the_good_task_and_records_every_bad_reply_with_its_reason(t
                          backend="host", eval_dir=EXAMPLES, cache_dir=str(tmp_path / "cache"),
                          llm=chat_settings(server.url))
     run = Synthesis(options, progress=lambda line: None)
-    ran_here = []  # the model's code runs only in the worker processes (spawned: they do not see this patch)
+    ran_here = []  # the model's code runs only in the jailed worker processes (they do not see this patch)
     monkeypatch.setattr("evaluator_cuda.tasks.exec_task", lambda *args, **kwargs: ran_here.append(args))
     run.run()
     assert not ran_here
