@@ -23,7 +23,7 @@ from task_synthesis.compose.composer import compose
 from task_synthesis.compose.render import render
 from task_synthesis.config import SynthesisConfig
 from task_synthesis.filter.launch import Launcher, WorkerLimits, jail_problem
-from task_synthesis.filter.pool import WorkerPool
+from task_synthesis.filter.pool import WorkerPool, WorkersCannotStart
 from task_synthesis.filter.replies import MalformedReply, checked_verdict
 from task_synthesis.pipeline.journal import journal_path
 from task_synthesis.pipeline.outputs import write_parquet
@@ -187,6 +187,21 @@ def test_a_killed_or_hung_worker_makes_its_candidate_a_worker_rejection_and_is_r
     finally:
         pool.close()
     assert not _worker_pids()
+
+
+def test_workers_that_cannot_start_reject_their_candidates_then_end_the_run(monkeypatch):
+    monkeypatch.setattr("task_synthesis.filter.launch.WORKER_ARGV",
+                        ("-c", "import sys; sys.stderr.write('no torch here\\n'); sys.exit(3)"))
+    pool = WorkerPool(Launcher("host", False, WorkerLimits()), 1)
+    try:
+        for key in ("2:0", "2:1"):
+            verdict = pool.submit(_job(key, _source(0))).result(timeout=60)
+            assert verdict == {"status": "rejected", "stage": "worker",
+                               "reason": "the worker did not start: the worker exited with status 3 (no torch here)"}
+        with pytest.raises(WorkersCannotStart, match="failed to start 3 times in a row; the last: the worker exited"):
+            pool.submit(_job("2:2", _source(0))).result(timeout=60)
+    finally:
+        pool.close()
 
 
 @pytest.mark.parametrize("reply, problem", [

@@ -180,9 +180,18 @@ class _Slot(threading.Thread):
             while (item := self.pool.jobs.get()) is not None:
                 job, future = item
                 if future.set_running_or_notify_cancel():
-                    self._answer(job, future)
+                    self._answer_safely(job, future)
         finally:
             self._retire(grace_s=20.0)
+
+    def _answer_safely(self, job: dict, future: Future) -> None:
+        """Every job gets an answer: a fault of the pool itself is that candidate's `worker` rejection."""
+        try:
+            self._answer(job, future)
+        except Exception as exc:
+            if not future.done():
+                future.set_result(worker_rejection(f"the filter's pool failed: {type(exc).__name__}: {exc}"))
+            self._retire(grace_s=0.0)
 
     def _answer(self, job: dict, future: Future) -> None:
         if self.pool.stopping.is_set():
@@ -203,9 +212,14 @@ class _Slot(threading.Thread):
 
     def _start(self) -> Worker:
         begin = time.monotonic()
-        worker = Worker(self.pool.launcher.start())
+        try:
+            worker = Worker(self.pool.launcher.start())
+        except (OSError, RuntimeError, ValueError) as exc:  # the jail refused the spec, no free uid, ...
+            raise WorkerStartFailed(f"{type(exc).__name__}: {exc}"[:200]) from None
         self.pool._register(worker, True)
         try:
+            if self.pool.stopping.is_set():  # started while stop() was signalling the others
+                raise wire.WireError("the run is stopping")
             deadline = begin + self.pool.launcher.limits.start_timeout_s
             if wire.receive(worker.process.stdout.fileno(), deadline) != {"ready": True}:
                 raise wire.WireError("a first frame that is not `ready`")
