@@ -204,6 +204,25 @@ def test_workers_that_cannot_start_reject_their_candidates_then_end_the_run(monk
         pool.close()
 
 
+def test_the_cuda_workers_jail_shows_the_gpu_and_sets_no_address_space_limit(monkeypatch):
+    import cuda_agent.jail as jail
+
+    from task_synthesis.filter.launch import evaluator_inside, worker_spec
+
+    monkeypatch.setattr(jail, "gpu_devices", lambda: ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"))
+    monkeypatch.setattr(jail, "nvidia_library_binds", lambda: (jail.Bind("/opt/nvidia-driver/lib"),))
+    cuda, host = WorkerLimits.for_backend("cuda"), WorkerLimits.for_backend("host")
+    spec = worker_spec("cuda", cuda, 400_001)
+    assert spec.devices == ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm")
+    assert spec.limits.address_space_bytes is None
+    assert jail.Bind("/opt/nvidia-driver/lib") in spec.binds and not any(b.writable for b in spec.binds)
+    plain = worker_spec("host", host, 400_001)
+    assert plain.devices == () and plain.limits.address_space_bytes == 8 * 1024**3 and not plain.share_network
+    inside = evaluator_inside({"backend": "cuda", "child_memory_bytes": None}, cuda)
+    assert inside["jail_children"] is False and inside["child_memory_bytes"] is None
+    assert evaluator_inside({"backend": "host", "child_memory_bytes": None}, host)["child_memory_bytes"] == 8 * 1024**3
+
+
 @pytest.mark.parametrize("reply, problem", [
     ({"key": "2:0", "nonce": "n", "status": "kept", "stage": None, "reason": None, "shell": "rm -rf /"},
      "unknown fields shell"),
