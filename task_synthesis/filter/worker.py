@@ -1,4 +1,4 @@
-"""One candidate through the whole execution filter, in a worker process of the pool."""
+"""One candidate through the whole execution filter, in a filter worker (worker_main.py, usually jailed)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def time_limit(seconds: float):
 
 
 def start_worker() -> None:
-    """Pool initializer: torch imported once, the evaluator's children kept warm between candidates."""
+    """Once per worker: torch imported, the evaluator's children kept warm between candidates."""
     global _warm
     import sys
 
