@@ -26,6 +26,7 @@ from .launch import Launcher, Started
 from .replies import MalformedReply, checked_verdict, worker_rejection
 
 FAILED_STARTS_ALLOWED = 3
+RECYCLED_AFTER = ("timeout", "filter_error")  # stages that may leave the worker in a broken state: a fresh one next
 STDERR_TAIL_BYTES = 4096
 
 
@@ -235,7 +236,10 @@ class _Slot(threading.Thread):
         worker, timeout = self.worker, self.pool.launcher.limits.job_timeout_s
         try:
             wire.send(worker.process.stdin.fileno(), job)
-            return checked_verdict(wire.receive(worker.process.stdout.fileno(), time.monotonic() + timeout), job)
+            verdict = checked_verdict(wire.receive(worker.process.stdout.fileno(), time.monotonic() + timeout), job)
+            if verdict["stage"] in RECYCLED_AFTER:
+                self._retire(grace_s=5.0)
+            return verdict
         except wire.WireTimeout:
             reason = f"the worker gave no verdict within {timeout:g} s"
             self._retire(grace_s=0.0)
