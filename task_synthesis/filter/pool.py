@@ -152,6 +152,10 @@ class WorkerPool:
                 worker.signal(signal.SIGKILL)
         self.close()
 
+    def live_workers(self) -> int:
+        with self._lock:
+            return len(self._live)
+
     def _register(self, worker: Worker, live: bool) -> None:
         with self._lock:
             (self._live.add if live else self._live.discard)(worker)

@@ -29,7 +29,7 @@ from ..compose.drafts import DraftRejected, ProgrammaticComposer, start_draft
 from ..config import SynthesisConfig
 from ..filter.execution import Rejected
 from ..filter.launch import Launcher, WorkerLimits, evaluator_inside, jail_problem
-from ..filter.pool import WorkerPool, WorkersCannotStart
+from ..filter.pool import WorkerPool
 from ..filter.screen import screen
 from ..similarity.score import SimilarityIndex, fingerprint
 from .journal import Journal, journal_path
@@ -281,7 +281,7 @@ class Synthesis:
             raise Stopped(f"stopped with {len(self.journal.entries)} candidates decided; "
                           f"{len(drafting) + len(filtering)} in flight are lost, run the same command to resume") \
                 from None
-        except (EndpointError, WorkersCannotStart):
+        except BaseException:  # EndpointError, WorkersCannotStart, or a fault of the run: no worker outlives it
             self.pool.stop()
             raise
         self.pool.close()
