@@ -211,6 +211,7 @@ def test_killing_the_launcher_or_its_parent_ends_the_jail(workdir):
 def test_exit_status_is_mirrored(workdir):
     assert run(spec_for(workdir), ["sh", "-c", "exit 7"]).returncode == 7
     assert run(spec_for(workdir), ["sh", "-c", "kill -SEGV $$"]).returncode == -signal.SIGSEGV
+    assert run(spec_for(workdir), ["sh", "-c", "kill -KILL $$"]).returncode == -signal.SIGKILL
     missing = run(spec_for(workdir), ["no-such-command-here"])
     assert missing.returncode == 127 and "command not found" in missing.stderr
     broken = run(spec_for(workdir, cwd="/no/such/folder"), ["true"])

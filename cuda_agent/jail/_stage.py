@@ -542,20 +542,23 @@ def main() -> None:
     if "error" in outcome:
         _fail(f"jail: {outcome['error']}", SETUP_FAILED)
     if "signal" in outcome:
-        signum = outcome["signal"]
         for forwarded in _FORWARDED:
             signal.signal(forwarded, signal.SIG_DFL)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        os._exit(128 + signum)
+        _die_by(outcome["signal"])
     if "exit" in outcome:
         os._exit(outcome["exit"])
     # init itself was killed (SIGKILL from outside): report it the same way.
     if os.WIFSIGNALED(status):
-        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-        os.kill(os.getpid(), os.WTERMSIG(status))
-        os._exit(128 + os.WTERMSIG(status))
+        _die_by(os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else SETUP_FAILED)
+
+
+def _die_by(signum: int) -> None:
+    """End this process by `signum` (SIGKILL and SIGSTOP take no handler, so theirs is not reset)."""
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)
 
 
 if __name__ == "__main__":
