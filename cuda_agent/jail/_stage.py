@@ -370,8 +370,9 @@ def _arm_parent_death(alive_fd: int | None) -> None:
             pass
 
 
-def _run_command(plan: dict) -> None:
-    """In `command`: never returns."""
+def _run_command(plan: dict, exec_fd: int) -> None:
+    """In `command`: never returns. `exec_fd` is a close-on-exec pipe whose closing tells init
+    that this process has dropped its privileges (or ended)."""
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # a signal held for it arrives now
         os.setsid()
@@ -379,7 +380,7 @@ def _run_command(plan: dict) -> None:
             drop_privileges(plan)
         os.chdir(plan["cwd"])
         _apply_limits(plan["limits"])
-        keep = sorted({0, 1, 2, *plan["pass_fds"]})
+        keep = sorted({0, 1, 2, exec_fd, *plan["pass_fds"]})
         previous = -1
         for fd in keep + [2**31 - 1]:
             if fd > previous + 1:
@@ -439,7 +440,7 @@ def _forward_signals(pid: int) -> None:
     def forward(signum, frame):
         try:
             os.kill(pid, signum)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
 
     for signum in _FORWARDED:
@@ -464,14 +465,20 @@ def _init(plan: dict, alive_fd: int, report_fd: int) -> None:
                 _ifup_loopback()
     except (SetupError, OSError) as error:
         report({"error": str(error)}, SETUP_FAILED)
+    exec_read, exec_write = os.pipe()  # close-on-exec: it closes when the command execs
     pid = os.fork()
     if pid == 0:
         os.close(report_fd)
-        _run_command(plan)
-    # The init keeps no privilege either; its parent-death signal is cleared by the uid change,
-    # so it is armed again (and the pipe closes the race).
+        os.close(exec_read)
+        _run_command(plan, exec_write)
+    os.close(exec_write)
+    # The init keeps no privilege either, but drops it only once the command has (a signal it
+    # forwards from a lower uid to a command still at a higher one would be refused); its
+    # parent-death signal is cleared by the uid change, so it is armed again (and the pipe
+    # closes the race).
     try:
         _forward_signals(pid)
+        _wait_until_closed(exec_read)
         if plan["drop"]:
             drop_privileges(plan)
             _arm_parent_death(alive_fd)
@@ -490,6 +497,12 @@ def _init(plan: dict, alive_fd: int, report_fd: int) -> None:
     if os.WIFSIGNALED(status):
         report({"signal": os.WTERMSIG(status)}, 128 + os.WTERMSIG(status))
     report({"exit": os.WEXITSTATUS(status)}, os.WEXITSTATUS(status))
+
+
+def _wait_until_closed(fd: int) -> None:
+    while os.read(fd, 1):
+        pass
+    os.close(fd)
 
 
 def _user_namespace_maps(uid: int, gid: int) -> None:
