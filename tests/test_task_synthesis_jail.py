@@ -151,16 +151,45 @@ def _job(key: str, source: str, **extra) -> dict:
 
 
 def _worker_pids() -> list[int]:
-    """The filter workers below this process (inside their jails), not the jails' stages."""
-    found = []
-    for entry in os.listdir("/proc"):
+    """The filter workers started by this process (inside their jails), not the jails' stages, and not
+    the workers of tests running beside this one."""
+    parents, found = {}, []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
+        parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
         if b"task_synthesis.filter.worker_main" in argv and not any(a.endswith(b"_stage.py") for a in argv):
             found.append(int(entry))
-    return found
+
+    def below_us(pid: int) -> bool:
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return [pid for pid in found if below_us(pid)]
+
+
+def _no_worker_left(timeout_s: float = 30.0) -> None:
+    """A closed pool's workers die with their jails (the kernel ends a pid namespace's processes
+    shortly after its init)."""
+    deadline = time.monotonic() + timeout_s
+    while (left := _worker_pids()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left
+
+
+def _one_worker(timeout_s: float = 60.0) -> int:
+    """The pool's single worker, once the one it replaced has gone."""
+    deadline = time.monotonic() + timeout_s
+    while len(workers := _worker_pids()) != 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(workers) == 1, workers
+    return workers[0]
 
 
 @needs_jail
@@ -178,9 +207,7 @@ def test_a_killed_or_hung_worker_makes_its_candidate_a_worker_rejection_and_is_r
         while len(pool.start_times) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.0)  # the job is sent at once; the candidate now sleeps
-        workers = _worker_pids()
-        assert len(workers) == 1
-        os.kill(workers[0], signal.SIGKILL)
+        os.kill(_one_worker(), signal.SIGKILL)
         verdict = slow.result(timeout=60)
         assert verdict["stage"] == "worker" and verdict["reason"].startswith("the worker was killed by SIGKILL")
         hang = "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])\nwhile True:\n    pass"
@@ -192,7 +219,7 @@ def test_a_killed_or_hung_worker_makes_its_candidate_a_worker_rejection_and_is_r
         assert len(pool.start_times) == 4
     finally:
         pool.close()
-    assert not _worker_pids()
+    _no_worker_left()
 
 
 def test_workers_that_cannot_start_reject_their_candidates_then_end_the_run(monkeypatch):
