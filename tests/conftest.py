@@ -4,10 +4,16 @@ import tempfile
 from pathlib import Path
 
 # Tests that exercise sharding use 8 fake CPU devices; this must be set before JAX initialises.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+_XLA_FLAGS = "--xla_force_host_platform_device_count=8"
 if not os.environ.get("CUDA_AGENT_TEST_GPU"):
     # JAX tests run on the CPU (8 fake devices) unless a GPU run asks otherwise.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # The tests' tiny models spend most of their CPU time compiling. LLVM at -O1 instead of XLA's default
+    # compiled the policy and training tests with ~20 % less CPU and ran the on-policy loop's 4,096-token
+    # steps as fast (-O0 compiled faster still, but made those steps 1.5x slower). Floating-point semantics
+    # are unchanged (XLA's fast-math stays off); every tolerance stays as it is.
+    _XLA_FLAGS += " --xla_backend_optimization_level=1"
+os.environ.setdefault("XLA_FLAGS", _XLA_FLAGS)
 
 # One evaluator cache for the whole run, persistent across runs: the tests' own builds (evaluator_helpers'
 # build_cache), the evaluator workers the tests start and everything that uses the default cache share
