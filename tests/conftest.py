@@ -24,11 +24,12 @@ os.environ.setdefault("CUDA_AGENT_CACHE", os.environ.get("CUDA_AGENT_TEST_CACHE"
 # One JAX compilation cache for the run, shared by the xdist workers and the processes tests start: a
 # program compiled once (the same tiny model's steps in several files, a CLI run and its resume) is
 # read back instead of compiled again. A fresh folder per run, removed at the end (pytest_unconfigure).
+# Programs that compile in 0.05 s or more are kept (0.3 s kept a third as many and saved 12 s less CPU).
 _JAX_CACHE_MADE_HERE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _JAX_CACHE_MADE_HERE = tempfile.mkdtemp(prefix="cuda-agent-tests-jax-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE_MADE_HERE
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.05")
 
 import pytest
 
