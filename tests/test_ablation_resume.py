@@ -7,6 +7,7 @@ the starting checkpoint; the same PPO settings, so one compile), one seed, two i
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -223,7 +224,10 @@ def test_sigterm_stops_the_command_with_one_line_and_exit_130_and_the_same_comma
     config.write_text(yaml.safe_dump(_raw()))
     args = [sys.executable, "-m", "cuda_agent.cli", "ablate", "importance-ratio", "--config", str(config),
             "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    # One device, and otherwise the compiler settings of this process (the reference run's numbers).
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    flags = f"{flags} --xla_force_host_platform_device_count=1".strip()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": flags}
     run = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     for line in run.stdout:
         if line.startswith("warm start:"):  # under way, with the warm start's training and both arms ahead
