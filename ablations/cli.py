@@ -20,21 +20,32 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _seed_list(text: str) -> tuple[int, ...]:
+    from ablations.config import AblationConfigError, seeds_from
+
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise AblationConfigError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    return seeds_from(values)
+
+
 @ablate.command("importance-ratio")
 def importance_ratio(
     config: Path = typer.Option(..., help="ablation config YAML (configs/ablation_tiny.yaml, "
                                 "configs/ablation_small.yaml)"),
     out: Optional[Path] = typer.Option(None, help="output folder (default: the config's output_dir)"),
     iterations: Optional[int] = typer.Option(None, help="overrides the config's iterations per arm"),
+    seeds: Optional[str] = typer.Option(None, help="overrides the config's seeds (comma-separated, e.g. 0,1)"),
     resume: bool = typer.Option(True, help="continue the run the output folder holds (--no-resume: start over, "
                                 "discarding it)"),
 ) -> None:
     """Run every arm (sampler head, old log-probs, TIS, RFT init, value pretraining) for every seed from one
     starting checkpoint; write iterations.jsonl and report.md with its figures in the output folder.
 
-    Resumable: each iteration is checkpointed with its record, and running the same command again skips the
-    finished arms and continues the one in progress from its last iteration; a run started with another
-    config is refused. Exit codes: 0 done; 2 bad input; 130 stopped (SIGTERM or Ctrl-C; running again resumes).
+    Resumable: each iteration's record is appended as it ends and the states are checkpointed every
+    `checkpoint_every` iterations (config); running the same command again skips the finished arms and
+    continues the one in progress from its last checkpoint; a run started with another config is refused. Exit codes: 0 done; 2 bad input; 130 stopped (SIGTERM or Ctrl-C; running again resumes).
     """
     import dataclasses
 
@@ -49,6 +60,9 @@ def importance_ratio(
             if iterations < 1:
                 raise AblationConfigError(f"--iterations must be >= 1, got {iterations}")
             cfg = dataclasses.replace(cfg, iterations=iterations, raw={**cfg.raw, "iterations": iterations})
+        if seeds is not None:
+            chosen = _seed_list(seeds)
+            cfg = dataclasses.replace(cfg, seeds=chosen, raw={**cfg.raw, "seeds": list(chosen)})
         from ablations.runner import run_ablation
 
         run_ablation(cfg, out or Path(cfg.output_dir), say=lambda line: typer.echo(line), resume=resume)

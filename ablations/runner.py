@@ -77,14 +77,16 @@ def run_iteration(cfg: AblationConfig, arm: Arm, run, seed: int, index: int, sta
     return states, record
 
 
-def _commit(folder: RunFolder, saved: ArmCheckpoints, states, record: dict) -> str | None:
-    """The iteration's checkpoint, then its record. Non-finite parameters cannot be saved: the record is
-    appended with a `stopped` line for the next iteration. -> that line's reason, or None."""
+def _commit(folder: RunFolder, saved: ArmCheckpoints | None, states, record: dict) -> str | None:
+    """The iteration's checkpoint (none when `saved` is None), then its record. Non-finite parameters cannot
+    be saved: the record is appended with a `stopped` line for the next iteration. -> that line's reason,
+    or None."""
     from policy_jax.checkpoint import CheckpointError
 
     index = record["iteration"]
     try:
-        saved.save(states, index + 1, record)
+        if saved is not None:
+            saved.save(states, index + 1, record)
     except CheckpointError as e:
         reason = f"non-finite parameters after iteration {index + 1} ({e})"
         folder.append(record, {"arm": record["arm"], "seed": record["seed"], "iteration": index + 1, "stopped": reason})
@@ -96,7 +98,7 @@ def _commit(folder: RunFolder, saved: ArmCheckpoints, states, record: dict) -> s
 @dataclasses.dataclass
 class ArmRun:
     """One arm and seed: its iterations from its last checkpoint (none: from the starting point), each
-    saved with its record."""
+    record appended as it ends; the states saved every `checkpoint_every` iterations and after the last."""
 
     cfg: AblationConfig
     arm: Arm
@@ -106,6 +108,7 @@ class ArmRun:
     signals: StopSignals
     position: Position
     say: Say
+    saved_iterations: int = 0  # what the arm's latest checkpoint holds
 
     def __call__(self, start) -> None:
         from policy_jax.stages import PPOStates
@@ -116,10 +119,11 @@ class ArmRun:
         with ArmCheckpoints(arm_dir(self.folder.checkpoints, arm, seed)) as saved:
             with self.signals.held():
                 states, done = saved.restore(fresh)
+            self.saved_iterations = done
             if done:
                 self.say(f"resuming: arm {arm.name} seed {seed} from iteration {done + 1}/{cfg.iterations}")
             for index in range(done, cfg.iterations):
-                self.position.arm(arm, seed, index, cfg.iterations)
+                self.position.arm(arm, seed, self.saved_iterations, cfg.iterations)
                 states, stopped = self._iteration(run, index, states, saved)
                 if stopped:
                     self.say(f"[{arm.name} seed {seed}] {stopped}")
@@ -139,10 +143,14 @@ class ArmRun:
                 self.folder.append({"arm": arm.name, "seed": seed, "iteration": index, "stopped": str(e)})
             return states, f"stopped at iteration {index + 1}: {e}"
         with self.signals.held():
-            reason = _commit(self.folder, saved, states, rec.json_ready(record))
-            if index + 1 == cfg.iterations:
+            last = index + 1 == cfg.iterations
+            due = last or (index + 1) % cfg.checkpoint_every == 0
+            reason = _commit(self.folder, saved if due else None, states, rec.json_ready(record))
+            if last:
                 saved.keep_last()
-            self.position.arm(arm, seed, index + 1, cfg.iterations)
+            if due and reason is None:
+                self.saved_iterations = index + 1
+            self.position.arm(arm, seed, self.saved_iterations, cfg.iterations)
         self.say(_progress(arm, seed, record, cfg.iterations))
         return states, reason and f"stopped after iteration {index + 1}: {reason}"
 

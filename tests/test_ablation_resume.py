@@ -91,6 +91,34 @@ def test_a_run_stopped_inside_an_arm_resumes_to_the_records_of_an_uninterrupted_
 
 
 @pytest.mark.slow
+def test_with_sparser_checkpoints_a_stop_reruns_the_iterations_since_the_last_one(reference, tmp_path):
+    """checkpoint_every 2: the second arm's first iteration writes its record but no checkpoint; after a stop
+    there, the resume drops that record and runs the arm from its start. Saving less often changes no number."""
+    from ablations.stopping import Stopped
+
+    _, uninterrupted = reference
+    cfg = ablation_config_from_dict({**_raw(), "checkpoint_every": 2})
+    out = tmp_path / "run"
+
+    def ctrl_c_after_the_first_record_of_the_second_arm(line):
+        if line.startswith(f"[{SECOND} seed 0] iteration 1/2"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Stopped) as stop:
+        _run(cfg, out, ctrl_c_after_the_first_record_of_the_second_arm)
+    assert str(stop.value) == (f"Ctrl-C in arm {SECOND} seed 0 with 0/2 iterations saved; "
+                               "run the same command again to resume")
+    assert _numbers(out) == _numbers(uninterrupted)[:3]
+
+    lines = []
+    _run(cfg, out, lines.append)
+    assert f"{DATA_FILE}: 3 records brought in line with the checkpoints, 2 records" in lines
+    assert [line.split("  ")[0] for line in _iteration_lines(lines)] == [
+        f"[{SECOND} seed 0] iteration 1/2", f"[{SECOND} seed 0] iteration 2/2"]
+    assert _numbers(out) == _numbers(uninterrupted)
+
+
+@pytest.mark.slow
 def test_a_cut_last_line_is_dropped_and_its_record_comes_back_from_the_checkpoint(reference, tmp_path):
     cfg, uninterrupted = reference
     out = tmp_path / "run"

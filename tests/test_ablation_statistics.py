@@ -103,3 +103,17 @@ def test_addition_task_and_its_reward():
     assert answer_reward([*answer, DIGIT0], answer) == 0.0  # "120" is another number
     assert answer_reward([DIGIT0 + 1, EOS], answer) == 0.0
     assert answer_reward([], answer) == 0.0
+
+
+def test_a_log_scaled_figure_with_nothing_positive_is_drawn_on_a_linear_axis(tmp_path):
+    """A probability bucket no token fell in has no ratio std (null in every record), and matched engines give
+    exactly 0: such a panel must still be drawn (on a log axis matplotlib raised and no report was written)."""
+    pytest.importorskip("matplotlib")
+    from ablations.plots import figure
+
+    empty = {"bf16": {0: [{"std": None}, {"std": None}]}, "fp32": {0: [{"std": None}], 1: [{"std": None}]}}
+    zeros = {"matched": {0: [{"std": 0.0}, {"std": 0.0}]}}
+    some = {"bf16": {0: [{"std": 0.5}, {"std": None}]}, **zeros}
+    for name, runs in (("empty.png", empty), ("zeros.png", zeros), ("some.png", some)):
+        assert figure(tmp_path, name, runs, [("p < 1e-4", ("std",))], "ratio std", log_y=True) == name
+        assert (tmp_path / name).stat().st_size > 0
