@@ -45,7 +45,8 @@ def importance_ratio(
 
     Resumable: each iteration's record is appended as it ends and the states are checkpointed every
     `checkpoint_every` iterations (config); running the same command again skips the finished arms and
-    continues the one in progress from its last checkpoint; a run started with another config is refused. Exit codes: 0 done; 2 bad input; 130 stopped (SIGTERM or Ctrl-C; running again resumes).
+    continues the one in progress from its last checkpoint; a run started with another config is refused.
+    Exit codes: 0 done; 2 bad input; 130 stopped (SIGTERM or Ctrl-C; running again resumes).
     """
     import dataclasses
 

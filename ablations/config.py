@@ -106,7 +106,8 @@ class AblationConfig:
         return dataclasses.replace(self.run, name=f"{self.name}/{arm.name}", ppo=ppo)
 
 
-_KEYS = {"name", "iterations", "checkpoint_every", "seeds", "output_dir", "task", "warm_start", "collapse", "arm_defaults", "arms", "run"}
+_KEYS = {"name", "iterations", "checkpoint_every", "seeds", "output_dir", "task", "warm_start", "collapse",
+         "arm_defaults", "arms", "run"}
 
 
 def _section(name: str, cls: type, raw: Any, **extra) -> Any:
