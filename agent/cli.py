@@ -325,11 +325,15 @@ def train_loop(
     if vocab is not None and vocab > cfg.model.vocab_size:
         _fail(f"the tokenizer has {vocab} tokens, more than the model's vocab_size={cfg.model.vocab_size}")
     root = (episodes_dir or Path(agent_cfg.episodes_root) / f"train-loop-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    earlier = sorted(root.glob("iteration-*")) if root.is_dir() else []
+    if earlier:
+        _fail(f"{root} already holds the episodes of a run ({earlier[0].name}); give an empty --episodes-dir")
     root.mkdir(parents=True, exist_ok=True)
     sink = MetricsSink(log_file, tensorboard_dir, step_key="iteration")
 
     def log(record):
-        keys = ("iteration", "actor_version", "rollout/reward_mean", "actor/loss", "critic/value_loss", "actor/entropy", "rollout_s", "train_s")
+        keys = ("iteration", "actor_version", "rollout/reward_mean", "rollout/pass_rate", "actor/loss", "critic/value_loss",
+                "actor/entropy", "episodes_per_hour", "rollout_s", "train_s")
         typer.echo("  ".join(f"{k}={record[k]:.4g}" if isinstance(record.get(k), float) else f"{k}={record[k]}" for k in keys if k in record)
                    if "event" not in record else json.dumps(record))
         sink.write(record)

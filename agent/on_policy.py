@@ -20,8 +20,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from agent.config import AgentConfig
 from agent.episode import Task, run_episodes
+from agent.loop_metrics import iteration_metrics
 from agent.policy_jax_backend import model_sampler_policy
 from agent.trajectory import episode_row
 
@@ -82,7 +85,9 @@ def run_on_policy(cfg, agent_cfg: AgentConfig, tasks: Sequence[Task], tokenizer,
         batch = next(BatchIterator(usable, batch_size=episodes, seq_len=cfg.train.seq_len, seed=cfg.train.seed + index))
         states, ppo_record = updater.update(states, batch)
         train_s = time.perf_counter() - begin
-        record = {**ppo_record, "iteration": index, "actor_version": version, "rollout_s": round(rollout_s, 2),
+        trained_tokens = int(np.count_nonzero(np.asarray(batch.segment_ids_bt)))
+        record = {**ppo_record, **iteration_metrics(results, rows, rollout_s, train_s, trained_tokens),
+                  "iteration": index, "actor_version": version, "rollout_s": round(rollout_s, 2),
                   "train_s": round(train_s, 2), "episodes": len(rows), "infrastructure_failures": len(rows) - len(usable)}
         log(record)
         done.append(Iteration(index, rows, rollout_s, train_s, record))

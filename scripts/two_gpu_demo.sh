@@ -116,7 +116,7 @@ if [ -f "$OUT/actor-ppo-hf/config.json" ]; then
   stamp "4/5 skipped: $OUT/actor-ppo-hf exists"
 else
   stamp "4/5 $ITERATIONS on-policy PPO iterations from the RFT actor, evaluations through the broker"
-  rm -f "$OUT/loop.jsonl"
+  rm -rf "$OUT/loop.jsonl" "$OUT/loop-episodes" "$OUT/tensorboard"  # the loop starts over from the RFT actor
   step loop.log train-loop "$TASKS" --config "$RUN_CONFIG" --agent-config "$AGENT_CONFIG" --tokenizer workspace \
     --init-from "$OUT/actor-rft-hf" --bridge "$ENDPOINT" --iterations "$ITERATIONS" \
     --episodes-dir "$OUT/loop-episodes" --log-file "$OUT/loop.jsonl" --tensorboard-dir "$OUT/tensorboard" \

@@ -119,3 +119,12 @@ def test_train_loop_refuses_a_model_smaller_than_the_tokenizer(tmp_path):
     code, output, exception = invoke("train-loop", str(TASK_FILE), "--config", str(config), "--episodes-dir", str(tmp_path / "eps"))
     assert code == 2, (output, exception)
     assert "the tokenizer has 523 tokens, more than the model's vocab_size=100" in output
+
+
+def test_train_loop_refuses_an_episodes_folder_of_an_earlier_run(tmp_path):
+    (tmp_path / "eps" / "iteration-0000").mkdir(parents=True)
+    code, output, exception = invoke("train-loop", str(TASK_FILE), "--config", str(REPO / "configs" / "tiny_loop.yaml"),
+                                     "--episodes-dir", str(tmp_path / "eps"))
+    assert code == 2, (output, exception)
+    said = f"{tmp_path / 'eps'} already holds the episodes of a run (iteration-0000); give an empty --episodes-dir"
+    assert said in " ".join(output.split())

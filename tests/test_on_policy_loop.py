@@ -61,6 +61,12 @@ def test_two_iterations_sampler_agent_bridge_evaluator_ppo(tmp_path):
     assert all(row["actor_version"] == it.index for it in iterations for row in it.rows)
     assert int(states.actor.step) == 2 and all(np.isfinite(it.record["actor/loss"]) for it in iterations)
     assert all(row["final_status"] for it in iterations for row in it.rows)  # every episode reached the evaluator's verdict
+    for it in iterations:  # the rollout metrics describe the iteration's own episodes
+        shares = [v for k, v in it.record.items() if k.startswith("rollout/reward_share/")]
+        assert sum(shares) == pytest.approx(1.0) and it.record["episodes_per_hour"] > 0
+        passed = sum(1 for row in it.rows if row["reward"] >= 1) / len(it.rows)
+        assert it.record["rollout/pass_rate"] == pytest.approx(passed)
+        assert it.record["sampler/tokens_per_s"] > 0 and it.record["trainer/tokens_per_s"] > 0
 
     # The second iteration's rollouts came from the updated actor.
     def mismatch(actor, row):
