@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -70,13 +71,35 @@ def clip_fractions(ratio, advantage, low: float, high: float) -> dict[str, float
     return {"low": float(np.mean((a < 0) & (r < 1.0 - low))), "high": float(np.mean((a > 0) & (r > 1.0 + high)))}
 
 
+@jax.jit
+def _kl_program(logp, logp_old, mask):
+    return approx_kl(logp, logp_old, mask)
+
+
+@jax.jit
+def _correlation_program(logp_a, logp_b, mask):
+    return pearson_correlation(jnp.exp(logp_a), jnp.exp(logp_b), mask)
+
+
+def _padded(*arrays: np.ndarray):
+    """The arrays padded with zeros to the next power of two, and the mask of their real entries: the
+    number of agent tokens changes with every batch, and a program per length would be compiled each
+    time (on a GPU that cost more than the PPO update itself); a power of two is one per size class."""
+    n = arrays[0].size
+    size = 1 << max(0, (n - 1).bit_length())
+    mask = np.zeros(size, np.float32)
+    mask[:n] = 1.0
+    return [np.pad(a.astype(np.float32), (0, size - n)) for a in arrays], mask
+
+
 def kl_estimators(logp_sampled, logp_other) -> dict[str, float]:
     """KL(sampled || other) from tokens drawn under `sampled`: k1 and k3 of the trainer's own
     estimator (policy_jax.rl.metrics.approx_kl) over every token."""
     sampled, other = _flat(logp_sampled), _flat(logp_other)
     if sampled.size == 0:
         return {"k1": NAN, "k3": NAN}
-    kl = approx_kl(jnp.asarray(other), jnp.asarray(sampled), jnp.ones(sampled.shape))
+    (other_p, sampled_p), mask = _padded(other, sampled)
+    kl = _kl_program(other_p, sampled_p, mask)
     return {"k1": float(kl["kl_k1"]), "k3": float(kl["kl_k3"])}
 
 
@@ -86,7 +109,8 @@ def probability_correlation(logp_a, logp_b) -> float:
     a, b = _flat(logp_a), _flat(logp_b)
     if a.size < 2:
         return NAN
-    return float(pearson_correlation(jnp.exp(jnp.asarray(a)), jnp.exp(jnp.asarray(b)), jnp.ones(a.shape)))
+    (a_p, b_p), mask = _padded(a, b)
+    return float(_correlation_program(a_p, b_p, mask))
 
 
 def length_clip_ratio(stopped: Sequence[bool]) -> float:

@@ -117,3 +117,18 @@ def test_a_log_scaled_figure_with_nothing_positive_is_drawn_on_a_linear_axis(tmp
     for name, runs in (("empty.png", empty), ("zeros.png", zeros), ("some.png", some)):
         assert figure(tmp_path, name, runs, [("p < 1e-4", ("std",))], "ratio std", log_y=True) == name
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_the_kl_and_correlation_programs_compile_once_per_size_class_not_per_length():
+    """Every batch has its own number of agent tokens; the statistics must not compile a program for each."""
+    rng = np.random.default_rng(0)
+    before = st._kl_program._cache_size(), st._correlation_program._cache_size()
+    for n in range(900, 1025, 31):  # lengths 900..1024: one size class
+        a, b = rng.normal(-1, 0.3, n), rng.normal(-1, 0.3, n)
+        kl = st.kl_estimators(a, b)
+        r = b - a
+        assert kl["k1"] == pytest.approx(float(np.mean(-r)), rel=1e-4)  # the padding is masked out
+        assert st.probability_correlation(a, b) == pytest.approx(float(np.corrcoef(np.exp(a), np.exp(b))[0, 1]),
+                                                                 rel=1e-4)
+    after = st._kl_program._cache_size(), st._correlation_program._cache_size()
+    assert after[0] - before[0] <= 1 and after[1] - before[1] <= 1
