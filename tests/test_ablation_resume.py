@@ -48,6 +48,11 @@ def _numbers(out: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in records]
 
 
+def _ctrl_c_after_the_first_record_of_the_second_arm(line: str) -> None:
+    if line.startswith(f"[{SECOND} seed 0] iteration 1/2"):
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, at a known moment: just after that iteration's commit
+
+
 def _iteration_lines(lines: list[str]) -> list[str]:
     return [line for line in lines if line.startswith("[") and "] iteration " in line]
 
@@ -67,13 +72,8 @@ def test_a_run_stopped_inside_an_arm_resumes_to_the_records_of_an_uninterrupted_
 
     cfg, uninterrupted = reference
     out = tmp_path / "run"
-
-    def ctrl_c_after_the_first_record_of_the_second_arm(line):
-        if line.startswith(f"[{SECOND} seed 0] iteration 1/2"):
-            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, at a known moment: just after that commit
-
     with pytest.raises(Stopped) as stop:
-        _run(cfg, out, ctrl_c_after_the_first_record_of_the_second_arm)
+        _run(cfg, out, _ctrl_c_after_the_first_record_of_the_second_arm)
     assert str(stop.value) == (f"Ctrl-C in arm {SECOND} seed 0 with 1/2 iterations saved; "
                                "run the same command again to resume")
     assert _numbers(out) == _numbers(uninterrupted)[:3]
@@ -99,13 +99,8 @@ def test_with_sparser_checkpoints_a_stop_reruns_the_iterations_since_the_last_on
     _, uninterrupted = reference
     cfg = ablation_config_from_dict({**_raw(), "checkpoint_every": 2})
     out = tmp_path / "run"
-
-    def ctrl_c_after_the_first_record_of_the_second_arm(line):
-        if line.startswith(f"[{SECOND} seed 0] iteration 1/2"):
-            os.kill(os.getpid(), signal.SIGINT)
-
     with pytest.raises(Stopped) as stop:
-        _run(cfg, out, ctrl_c_after_the_first_record_of_the_second_arm)
+        _run(cfg, out, _ctrl_c_after_the_first_record_of_the_second_arm)
     assert str(stop.value) == (f"Ctrl-C in arm {SECOND} seed 0 with 0/2 iterations saved; "
                                "run the same command again to resume")
     assert _numbers(out) == _numbers(uninterrupted)[:3]
