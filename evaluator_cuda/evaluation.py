@@ -25,6 +25,7 @@ from pathlib import Path
 from .extension.build import build_workspace
 from .extension.diagnostics import located, shown_to_agent
 from .extension.torch_build import build_env
+from .gpu_work import attribute_kernels, trace_env, withhold_unbelievable_times
 from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from .isolation.static_checks import check_solution_sources
 from .progress import say
@@ -85,7 +86,8 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
     try:
         # The children start first, so that they warm while the sources are checked and built.
         say("starting the sandboxed children")
-        slot = _STANDBY.take(build_env(settings), child_guard(settings), settings.device_type())
+        slot = _STANDBY.take({**build_env(settings), **trace_env(settings)}, child_guard(settings),
+                             settings.device_type())
         record["children_warm_s"] = round(time.monotonic() - slot.started_at, 4)
         _evaluate(task, solution, settings, artifact, record, slot)
     except Verdict as verdict:
@@ -174,9 +176,11 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
             _STANDBY.refill(slot.env, slot.guard, slot.device_type)
         expected = _expected_outputs(reference, calls, checks["outputs"], timed.seeds, settings)
         _judge_outputs(calls, expected, settings, record)
+        trace = attribute_kernels(candidate, solution, extension, settings, record)
         record["wall_s"]["verify"] = round(time.perf_counter() - begin, 4)
         if settings.profile:
             _record_times(reference, task, calls, timed, expected, settings, record, begin)
+            withhold_unbelievable_times(calls, trace, settings, record)
     finish(record, "correct")
 
 
@@ -387,6 +391,8 @@ class _Calls:
     outputs: dict  # position -> (output, the candidate's description of its tensors), checked calls only
     times: list  # per-call device times (µs) after the warm-up
     walls: list  # per-call wall times (µs) after the warm-up
+    outside: list = dataclasses.field(default_factory=list)  # per-call round trips (µs), the parent's clock
+    timed_positions: list = dataclasses.field(default_factory=list)  # positions of the timed calls
 
 
 def _run_calls(candidate: Child, check_inputs: list, timed: _TimedSets, settings: EvalSettings,
@@ -399,7 +405,10 @@ def _run_calls(candidate: Child, check_inputs: list, timed: _TimedSets, settings
     limit = call_timeout(record.get("reference_call_s"), settings)
     for position, (kind, index) in enumerate(schedule):
         timeout = min(settings.child_timeout_s, limit + (settings.first_call_extra_s if position == 0 else 0.0))
-        answer = reply(candidate, requests.request(position, (kind, index)), timeout, harness=False)
+        request = {**requests.request(position, (kind, index)), "position": position}
+        sent = time.perf_counter()
+        answer = reply(candidate, request, timeout, harness=False)
+        outside_us = (time.perf_counter() - sent) * 1e6
         if not answer.get("ok"):
             raise candidate_failure(answer)
         if kind == "check" or position in sampled:
@@ -409,6 +418,8 @@ def _run_calls(candidate: Child, check_inputs: list, timed: _TimedSets, settings
         if position >= settings.warmup:
             calls.times.append(answer.get("time_us"))
             calls.walls.append(answer.get("wall_us"))
+            calls.outside.append(outside_us)
+            calls.timed_positions.append(position)
     # CUDA: whether the driver demoted persisting L2 lines before every call (docs/cheats.md #19)
     on_cuda = settings.device_type() == "cuda"
     record["persisting_l2_reset"] = (answer.get("l2_resets") == len(schedule)) if on_cuda and schedule else None

@@ -190,6 +190,7 @@ class CandidateRole:
         import torch
 
         from ..isolation.torch_guard import refuse_torch_compute
+        from ..timing.kernel_trace import call_range
         from ..timing.profile import flush_l2, poison_allocator, reset_persisting_l2, time_one_call
 
         if self.model is None:
@@ -207,7 +208,8 @@ class CandidateRole:
         model = self.model
         try:
             with torch.no_grad(), refuse_torch_compute(self.block_torch):
-                out, time_us, wall_us = time_one_call(lambda: model(*args), self.device)
+                out, time_us, wall_us = time_one_call(lambda: model(*args), self.device,
+                                                      call_range(int(req.get("position", 0))))
         except ForbiddenTorchCompute as exc:
             self._check_guard(exc)
             raise HandlerError("forbidden", str(exc), _candidate_traceback(exc)) from None
@@ -222,6 +224,12 @@ class CandidateRole:
         self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]
         return {"output": copied, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
                 "l2_resets": self.l2_resets}
+
+    def do_kernel_trace(self, req: dict) -> dict:
+        """What ran on the GPU during each call (timing/kernel_trace.py); ends the trace."""
+        from ..timing.kernel_trace import collect
+
+        return {"trace": collect()}
 
     def _check_guard(self, raised: BaseException | None) -> None:
         """Reject what candidate code did to the guard, whatever it caught: an off switch it reached for

@@ -8,6 +8,7 @@ a list of per-call times in microseconds, summarised by its median and spread.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -144,8 +145,9 @@ def flush_l2(buffer) -> None:
         buffer.zero_()
 
 
-def time_one_call(call, device_type: str):
-    """(output, device_time_us, wall_time_us) of one call.
+def time_one_call(call, device_type: str, window=None):
+    """(output, device_time_us, wall_time_us) of one call; `window`: a context entered around the
+    events and the call (the kernel trace's range of this call).
 
     CUDA: events around the call on the current stream, then a device-wide synchronize (work
     left on other streams finishes before the wall clock stops); the wall time (which also
@@ -163,9 +165,10 @@ def time_one_call(call, device_type: str):
         start, end = event(enable_timing=True), event(enable_timing=True)
         sleep(LAUNCH_PAD_CYCLES)
         begin = _clock_ns()
-        record(start)
-        output = call()
-        record(end)
+        with window or contextlib.nullcontext():
+            record(start)
+            output = call()
+            record(end)
         synchronize()
         wall_us = (_clock_ns() - begin) / 1000.0
         return output, elapsed_time(start, end) * 1000.0, wall_us
