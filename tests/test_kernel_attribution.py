@@ -132,3 +132,13 @@ def test_withheld_times_earn_no_speed_up_reward():
     assert _correct_record()["reward"] == 3
     record = _correct_record(["the GPU work spanned longer than the events"])
     assert record["reward"] == 1 and record["speedup"]["eager"] == 5.0
+
+
+def test_the_trace_switch_reaches_a_jailed_candidate_and_the_parents_environment_does_not():
+    """A jailed child's environment is fixed: the switch that starts the trace before candidate code
+    loads must be among what is kept (without it, every cuda evaluation had no trace)."""
+    from evaluator_cuda.isolation import sandbox
+    from evaluator_cuda.timing.kernel_trace import TRACE_ENV
+
+    spec = sandbox._jail_spec({"enabled": True}, {TRACE_ENV: "1", "SECRET_TOKEN": "x"}, (), None)
+    assert spec.env.get(TRACE_ENV) == "1" and "SECRET_TOKEN" not in spec.env

@@ -101,6 +101,7 @@ class CandidateRole:
         self.stored: dict = {}  # id -> (device values, values as received) of sets that later calls reuse
         self.l2_resets = 0  # calls before which the driver demoted persisting L2 lines (CUDA)
         self.precision_at_start: dict = {}  # torch's precision settings before candidate code loaded
+        take_refusals()  # a role starts with no refusal on record (one role per process in a child)
 
     def do_load(self, req: dict) -> dict:
         self.device = req["device"]
