@@ -242,6 +242,7 @@ def test_candidate_call_describes_its_output_before_the_host_copy(monkeypatch):
     role = candidate.CandidateRole()
     role.model, role.device, role.block_torch = Double(), "cpu", False
     role.threads_at_start = {t.ident for t in threading.enumerate()}
+    role.precision_at_start = candidate.precision_settings()  # what do_load records
     monkeypatch.setattr(candidate, "_copy_out", lambda v: v.to("meta"))
     reply = role.do_call({"inputs": [torch.arange(4.0)], "poison": 0})
     assert reply["output"].device.type == "meta"
