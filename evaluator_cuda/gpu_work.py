@@ -60,7 +60,7 @@ def withhold_unbelievable_times(calls, trace: dict | None, settings: EvalSetting
     """record["speedup_withheld"]: why the times cannot earn a speed-up reward (absent: they can)."""
     reasons = []
     if trace is not None:
-        spans = [((trace.get("calls") or {}).get(p) or {}).get("span_us") for p in calls.timed_positions]
+        spans = [((trace.get("calls") or {}).get(str(p)) or {}).get("span_us") for p in calls.timed_positions]
         spans = [s if s is not None else 0.0 for s in spans]
         disagreement = span_disagreement(spans, calls.times, settings.span_tolerance, settings.span_slack_us)
         if disagreement:

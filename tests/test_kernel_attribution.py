@@ -62,11 +62,11 @@ def _trace_events():
 def test_each_activity_goes_to_the_call_that_launched_it_with_its_innermost_operator():
     trace = summarize(_trace_events())
     assert trace["unlaunched"] == 1
-    assert set(trace["calls"]) == {0, 1}  # the flush between the calls belongs to none
-    first = {(name, op): (count, total) for name, kind, op, count, total in trace["calls"][0]["items"]}
+    assert set(trace["calls"]) == {"0", "1"}  # the flush between the calls belongs to none
+    first = {(name, op): (count, total) for name, kind, op, count, total in trace["calls"]["0"]["items"]}
     assert first == {(FILL, "aten::fill_"): (1, 1.0), (OWN, None): (1, 10.0), (GEMM, "aten::mm"): (1, 30.0)}
-    assert trace["calls"][0]["span_us"] == 41.0  # 100000 -> 141000 ns
-    assert trace["calls"][1] == {"span_us": 10.0, "items": [[OWN, "kernel", None, 1, 10.0]], "truncated": False}
+    assert trace["calls"]["0"]["span_us"] == 41.0  # 100000 -> 141000 ns
+    assert trace["calls"]["1"] == {"span_us": 10.0, "items": [[OWN, "kernel", None, 1, 10.0]], "truncated": False}
 
 
 def test_kernel_names_reduce_to_their_identifier():
@@ -100,13 +100,13 @@ def test_a_library_kernel_launched_from_the_extension_is_foreign():
 
 
 def test_own_work_passes_and_data_movement_is_bounded():
-    own = {"calls": {0: {"span_us": 12.0, "items": [[OWN, "kernel", None, 1, 10.0],
+    own = {"calls": {"0": {"span_us": 12.0, "items": [[OWN, "kernel", None, 1, 10.0],
                                                      ["Memset (Device)", "memset", None, 1, 2.0]]}}}
     assert attribution_problem(classify(own, SYMBOLS), 0.5, calls_expected=1) is None
-    copies = {"calls": {0: {"span_us": 12.0, "items": [[OWN, "kernel", None, 1, 1.0],
+    copies = {"calls": {"0": {"span_us": 12.0, "items": [[OWN, "kernel", None, 1, 1.0],
                                                         ["Memcpy DtoD (Device -> Device)", "memcpy", None, 1, 9.0]]}}}
     assert attribution_problem(classify(copies, SYMBOLS), 0.5, calls_expected=1)[0] == "data_movement"
-    nothing = {"calls": {0: {"span_us": 2.0, "items": [[FILL, "kernel", "aten::fill_", 1, 2.0]]}}}
+    nothing = {"calls": {"0": {"span_us": 2.0, "items": [[FILL, "kernel", "aten::fill_", 1, 2.0]]}}}
     assert attribution_problem(classify(nothing, SYMBOLS), 0.9, calls_expected=1)[0] == "no_own_kernel"
 
 
@@ -142,3 +142,12 @@ def test_the_trace_switch_reaches_a_jailed_candidate_and_the_parents_environment
 
     spec = sandbox._jail_spec({"enabled": True}, {TRACE_ENV: "1", "SECRET_TOKEN": "x"}, (), None)
     assert spec.env.get(TRACE_ENV) == "1" and "SECRET_TOKEN" not in spec.env
+
+
+def test_the_trace_crosses_the_childs_channel():
+    """The report goes over the wire (JSON header, no pickle): string keys, plain values only."""
+    from evaluator_cuda.isolation.wire import decode_value, encode_value
+
+    trace = summarize(_trace_events())
+    blobs: list = []
+    assert decode_value(encode_value({"trace": trace}, blobs), blobs)["trace"] == trace

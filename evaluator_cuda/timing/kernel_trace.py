@@ -55,7 +55,7 @@ def call_range(position: int):
 
 
 def collect() -> dict:
-    """Stop the trace; {"calls": {position: {"span_us", "items": [[name, kind, op, count, total_us]],
+    """Stop the trace; {"calls": {str(position): {"span_us", "items": [[name, kind, op, count, total_us]],
     "truncated"}}, "unlaunched": n} (n: GPU activities with no launch record found), with "error" when
     there was no trace."""
     global _profiler, _range
@@ -89,7 +89,7 @@ def summarize(events) -> dict:
             continue  # harness work between calls (input copies, poison, L2 flush, the launch pad)
         _add(calls.setdefault(window, {"first": None, "last": None, "items": {}}), activity,
              operators.innermost(launch, windows.bounds(window)))
-    return {"calls": {position: _report(call) for position, call in calls.items()}, "unlaunched": unlaunched}
+    return {"calls": {str(position): _report(call) for position, call in calls.items()}, "unlaunched": unlaunched}
 
 
 def _on_gpu(event) -> bool:
