@@ -81,6 +81,10 @@ def test_a_kernel_is_the_candidates_own_only_when_its_extension_defines_it():
     assert not is_own_kernel(GEMM, SYMBOLS)
     assert not is_own_kernel("void kernel<1>(int)", SYMBOLS)  # a suffix of axpy_kernel is not the name
     assert is_own_kernel("plain_kernel", "0000000000001000 t plain_kernel\n")  # extern "C"
+    # the H200's elementwise_chain example: its anonymous namespace's name ends in a digit
+    chain = ("0000 t __device_stub__ZN50_GLOBAL__N__7d1c2a45_20_elementwise_chain_cu_3f9a1245"
+             "29elementwise_chain_vec4_kernelEPK6float4\n")
+    assert is_own_kernel("(anonymous namespace)::elementwise_chain_vec4_kernel(float4 const*)", chain)
     assert is_own_kernel(GEMM, None)  # no symbol table: only the launching operator decides
 
 

@@ -65,7 +65,8 @@ def is_own_kernel(name: str, symbols: str | None) -> bool:
     base = kernel_base_name(name)
     if not base:
         return False
-    pattern = rf"(?<!\d){len(base)}{re.escape(base)}|^\S+\s+\S\s+{re.escape(base)}$"
+    # no look-behind: an anonymous namespace's mangled name may end in a digit just before the length
+    pattern = rf"{len(base)}{re.escape(base)}|^\S+\s+\S\s+{re.escape(base)}$"
     return re.search(pattern, symbols, re.M) is not None
 
 
