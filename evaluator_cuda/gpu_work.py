@@ -52,7 +52,8 @@ def attribute_kernels(candidate: Child, solution: Solution, extension: Path | No
             problem = ("no_own_kernel", "the trace recorded no GPU work in any call")
         if problem:
             reason, message = problem
-            raise rejection(reason, message, [{"file": None, "line": None, "message": m} for m in summary["foreign"][:5]])
+            shown = [{"file": None, "line": None, "message": m} for m in summary["foreign"][:5]]
+            raise rejection(reason, message, shown)
     return trace
 
 

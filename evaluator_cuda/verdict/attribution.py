@@ -86,7 +86,8 @@ def classify(trace: dict, symbols: str | None) -> dict:
                 own_us += total_us
                 own_names.add(kernel_base_name(name))
             else:
-                label = f"{name[:120]}" + (f" (launched by {operator})" if operator else " (not built by the extension)")
+                origin = f" (launched by {operator})" if operator else " (not built by the extension)"
+                label = name[:120] + origin
                 foreign[label] = foreign.get(label, 0.0) + total_us
     shown = sorted(foreign, key=foreign.get, reverse=True)
     return {"own_us": round(own_us, 3), "data_us": round(data_us, 3), "foreign": shown,
