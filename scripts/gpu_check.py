@@ -179,7 +179,7 @@ def main() -> int:
     rc, tail = step("cuda_tests", [sys.executable, "-m", "pytest", "-v", "-m", "cuda", "-p", "no:cacheprovider", "--tb=short", "--timeout=100", "-n", "4", *CUDA_TEST_FILES], 120)
     if rc != 0:
         summary["failures"].append("cuda tests: " + last_line(tail, rc))
-    rc, tail = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 90)
+    rc, tail = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 150)
     if rc != 0:
         summary["failures"].append("cheat forms: " + last_line(tail, rc))
     rc, tail = step("small_outputs", [sys.executable, "scripts/check_small_outputs.py", "--backend", "cuda", "--honest-runs", "1"], 130)
