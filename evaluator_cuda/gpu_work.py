@@ -6,8 +6,8 @@
   `data_movement`), whatever its Python side did to the torch-compute guard.
 - `withhold_unbelievable_times`: the speed-up reward is withheld (reward 1 at most, the reasons in
   `record["speedup_withheld"]`) when the traced GPU work outspans the events around the timed
-  calls, when the events claim more than the parent's own clock saw pass, or when the time is
-  below the speed-of-light bound.
+  calls, when the events claim more than the parent's own clock saw pass, when a median is too
+  uncertain for the margin (timing/stability.py), or when the time is below the speed-of-light bound.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .isolation.sandbox import Child
 from .settings import EvalSettings
 from .solutions import Solution
 from .timing.kernel_trace import TRACE_ENV
+from .timing.stability import timing_se_bound, unstable_times
 from .verdict.attribution import attribution_problem, classify, extension_symbols, span_disagreement
 from .verdict.fault import Verdict, candidate_failure, rejection, reply
 
@@ -74,6 +75,10 @@ def withhold_unbelievable_times(calls, trace: dict | None, settings: EvalSetting
         if claimed is not None and claimed > outside:
             reasons.append(f"the candidate's process reported {claimed:.1f} µs per call, more than the "
                            f"{outside:.1f} µs the evaluator's own clock saw pass")
+    unstable = unstable_times({k: record["times_us"].get(k) for k in ("candidate", "eager", "compile")},
+                              timing_se_bound(settings))
+    if unstable:
+        reasons.append(unstable)
     if record.get("sol_violation"):
         reasons.append(f"the time is below the speed-of-light bound ({record.get('sol_bound_us', 0):.2f} µs)")
     if reasons:

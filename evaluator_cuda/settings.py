@@ -73,6 +73,14 @@ class EvalSettings:
     # CUDA: CUPTI records every GPU activity of the candidate's calls (verdict/attribution.py). Work
     # outside the candidate's extension is rejected; copies, fills and memsets may take this share of it.
     kernel_attribution: bool = True
+    # Host timing (timing/host_pin.py): torch's threads in both children, all on one CPU per evaluation.
+    host_threads: int = 1
+    host_pin_cpu: bool = True
+    # A time earns a speed-up reward only when its median is known well enough for the margin: the
+    # median's relative standard error (about 0.93 * IQR / median / sqrt(n)) at most this (None: margin / 2).
+    # Baselines are re-timed in rounds until they meet it or `baseline_budget_s` is spent; unmet: not cached.
+    timing_se_bound: float | None = None
+    baseline_budget_s: float = 10.0
     data_movement_share: float = 0.5
     # The speed-up reward is withheld (reward 1 at most) when the traced GPU work of the timed calls
     # spans longer than their events by more than this fraction plus slack (docs/cheats.md #23).

@@ -20,6 +20,7 @@ from ..isolation.guard_lock import lock_guard_switches, precision_settings
 from ..isolation.torch_guard import ForbiddenGuardSwitch, ForbiddenTorchCompute, take_refusals
 from ..isolation.wire import describe_tensors
 from ..tasks import TaskError, exec_task
+from ..timing import host_pin
 from ..timing import profile as _profile  # noqa: F401  (binds the harness clock before candidate code loads)
 from .errors import HandlerError, one_line
 
@@ -101,6 +102,7 @@ class CandidateRole:
         self.stored: dict = {}  # id -> (device values, values as received) of sets that later calls reuse
         self.l2_resets = 0  # calls before which the driver demoted persisting L2 lines (CUDA)
         self.precision_at_start: dict = {}  # torch's precision settings before candidate code loaded
+        self.timing_state: tuple = ()  # host: torch's threads and this thread's CPUs, set at load
         take_refusals()  # a role starts with no refusal on record (one role per process in a child)
 
     def do_load(self, req: dict) -> dict:
@@ -110,6 +112,8 @@ class CandidateRole:
         sys.path.insert(0, str(solution_dir))
         import torch  # noqa: F401  (torch before any extension)
 
+        if req.get("host_threads"):  # before any candidate code: threads and CPU of the timed calls
+            self.timing_state = host_pin.pin(req["host_threads"], req.get("host_cpu"))
         if self.device == "cuda":
             _profile.bind_cuda_timing()  # before any candidate code can rebind torch.cuda's timing functions
 
@@ -218,6 +222,9 @@ class CandidateRole:
             self._check_guard(exc)
             raise HandlerError("runtime", f"forward raised {one_line(exc)}", _candidate_traceback(exc)) from None
         self._check_guard(None)
+        if self.timing_state and host_pin.state() != self.timing_state:
+            raise HandlerError("timing_setting", "candidate code changed the thread count or CPU affinity "
+                                                 f"of the timed calls ({self.timing_state} -> {host_pin.state()})")
         self._check_call(out, args, pristine, calls_before)
         described = describe_tensors(out)  # class and device as forward returned them, before the host copy
         copied = _copy_out(out)

@@ -66,8 +66,18 @@ POISON_BYTES = (0xFF, 0x7F)
 HOST_MMAP_THRESHOLD_MAX = 32 * 1024**2  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 
 
+def median_rel_se(iqr: float, median: float, n: int) -> float | None:
+    """The relative standard error of a median of n samples, from their interquartile range: the
+    median's error is about 1.2533 * sigma / sqrt(n), and sigma about IQR / 1.349 for a normal spread.
+    None when it cannot be told (fewer than two samples, a zero median)."""
+    if n < 2 or median <= 0:
+        return None
+    return 1.2533 * (iqr / 1.349) / math.sqrt(n) / median
+
+
 def summarize_times(samples_us: list[float]) -> dict:
-    """Median and spread of per-call times (µs): median, mean, std, min, max, p25, p75, n."""
+    """Median and spread of per-call times (µs): median, mean, std, min, max, p25, p75, n, and the
+    median's relative standard error."""
     if not samples_us:
         raise ValueError("no timing samples")
     ordered = sorted(samples_us)
@@ -78,8 +88,11 @@ def summarize_times(samples_us: list[float]) -> dict:
         lo, hi = math.floor(pos), math.ceil(pos)
         return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
+    median = statistics.median(ordered)
+    iqr = quantile(0.75) - quantile(0.25)
     return {
-        "median_us": statistics.median(ordered),
+        "median_rel_se": median_rel_se(iqr, median, n),
+        "median_us": median,
         "mean_us": statistics.fmean(ordered),
         "std_us": statistics.pstdev(ordered) if n > 1 else 0.0,
         "min_us": ordered[0],
