@@ -80,7 +80,7 @@ class EvalSettings:
     # median's relative standard error (about 0.93 * IQR / median / sqrt(n)) at most this (None: margin / 2).
     # Baselines are re-timed in rounds until they meet it or `baseline_budget_s` is spent; unmet: not cached.
     timing_se_bound: float | None = None
-    baseline_budget_s: float = 10.0
+    baseline_budget_s: float = 4.0
     data_movement_share: float = 0.5
     # The speed-up reward is withheld (reward 1 at most) when the traced GPU work of the timed calls
     # spans longer than their events by more than this fraction plus slack (docs/cheats.md #23).
