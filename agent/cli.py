@@ -299,6 +299,7 @@ def train_loop(
     episodes_dir: Optional[Path] = typer.Option(None, help="Where the workspaces go (default: a new folder under the agent config's episodes_root)."),
     concurrency: int = typer.Option(8, help="Episodes run at the same time."),
     log_file: Optional[Path] = typer.Option(None, help="Append every iteration's metrics as JSON lines."),
+    tensorboard_dir: Optional[Path] = typer.Option(None, help="Also write every iteration's metrics as TensorBoard scalars here."),
     export_to: Optional[Path] = typer.Option(None, help="Write the final actor as a Hugging Face checkpoint here."),
 ) -> None:
     """On-policy PPO: the actor plays episodes with its current weights, then learns from them."""
@@ -307,6 +308,7 @@ def train_loop(
 
     from agent.episode import load_task
     from agent.on_policy import run_on_policy
+    from cuda_agent.metrics_sink import MetricsSink
     from policy_jax.run_config import RunConfigError, load_run_config
     from policy_jax.stages import StageError
 
@@ -323,15 +325,13 @@ def train_loop(
         _fail(f"the tokenizer has {vocab} tokens, more than the model's vocab_size={cfg.model.vocab_size}")
     root = (episodes_dir or Path(agent_cfg.episodes_root) / f"train-loop-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     root.mkdir(parents=True, exist_ok=True)
-    sink = open(log_file, "a") if log_file else None
+    sink = MetricsSink(log_file, tensorboard_dir, step_key="iteration")
 
     def log(record):
         keys = ("iteration", "actor_version", "rollout/reward_mean", "actor/loss", "critic/value_loss", "actor/entropy", "rollout_s", "train_s")
         typer.echo("  ".join(f"{k}={record[k]:.4g}" if isinstance(record.get(k), float) else f"{k}={record[k]}" for k in keys if k in record)
                    if "event" not in record else json.dumps(record))
-        if sink is not None:
-            sink.write(json.dumps(record, default=str) + "\n")
-            sink.flush()
+        sink.write(record)
 
     try:
         with _evaluator_client(bridge, agent_cfg.backend, root / "fleet-logs") as client:
@@ -340,8 +340,7 @@ def train_loop(
     except (StageError, RuntimeError) as error:
         _fail(str(error))
     finally:
-        if sink is not None:
-            sink.close()
+        sink.close()
     typer.echo(f"actor: {int(states.actor.step)} updates; episodes in {root}")
     if export_to is not None:
         from policy_jax.params_export import export_hf_checkpoint

@@ -22,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_PACKAGES = ("evaluator_cuda", "bridge", "policy_jax", "agent")
+_PACKAGES = ("evaluator_cuda", "bridge", "policy_jax", "agent", "task_synthesis", "ablations")
 
 
 def _register_all() -> None:
@@ -44,6 +44,23 @@ def version() -> None:
             typer.echo(f"{name} {pkg_version(name)}")
         except PackageNotFoundError:
             typer.echo(f"{name} (not installed)")
+
+
+@app.command("metrics-report")
+def metrics_report(
+    metrics_file: str = typer.Argument(..., help="The JSON lines a train or train-loop run wrote (--log-file)."),
+    out: str = typer.Option("metrics-report", help="Folder for report.md and one figure per stage."),
+) -> None:
+    """Curves and a table of a training run's metrics, written from its JSON lines alone."""
+    from cuda_agent.metrics_report import ReportError, write_report
+
+    typer.echo(f"reading {metrics_file}", err=True)
+    try:
+        report = write_report(metrics_file, out)
+    except ReportError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
+    typer.echo(str(report))
 
 
 plain_help(app)  # last: every command above shows its help the plain way

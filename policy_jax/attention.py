@@ -8,7 +8,7 @@ import numpy as np
 from flax import nnx
 
 from policy_jax import kv_cache
-from policy_jax.blockwise_attention import blockwise_attention
+from policy_jax.attention_dispatch import forward_attention_impl, segment_attention
 from policy_jax.layers import apply_rope, param, rope_inverse_frequencies
 from policy_jax.model_config import ModelConfig
 
@@ -28,6 +28,7 @@ class Attention(nnx.Module):
         dt, std = cfg.param_jnp_dtype, cfg.initializer_range
         self.compute_dtype = cfg.compute_jnp_dtype
         self.block_size = cfg.attention_block_size
+        self.attention_impl, self.compute_dtype_name = cfg.attention_impl, cfg.compute_dtype
         self.inv_freq_h2 = tuple(rope_inverse_frequencies(cfg).tolist())  # static constant, not a parameter
         self.q_dnh = param(rngs, (d, n, h), ("embed", "q_heads", "head_dim"), dt, stddev=std)
         self.k_dkh = param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), dt, stddev=std)
@@ -55,7 +56,8 @@ class Attention(nnx.Module):
 
         x [b, t, d], positions [b, t], mask [b, 1, t, s] (s = t without cache, cache slots with one).
         With `attention_impl="cudnn"` and no cache, `seq_lengths_b` replaces the mask (right padding);
-        with "blockwise", `segment_ids_bt` does (memory linear in t, see blockwise_attention).
+        with a segment kernel ("blockwise", "splash"), `segment_ids_bt` does (memory linear in t,
+        laid over the traced mesh: see attention_dispatch).
         Returns (out [b, t, d], updated (keys, values) of this layer or None).
         """
         q_btnh = self._project(x_btd, self.q_dnh, self.q_bias_nh, "btd,dnh->btnh")
@@ -72,8 +74,9 @@ class Attention(nnx.Module):
             out_btnh = jax.nn.dot_product_attention(
                 q_btnh, keys_bskh.astype(q_btnh.dtype), values_bskh.astype(q_btnh.dtype),
                 mask=mask_b1ts, implementation="xla")
-        elif segment_ids_bt is not None:  # the backbone chose blockwise attention (long contexts)
-            out_btnh = blockwise_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt, block_size=self.block_size)
+        elif segment_ids_bt is not None:  # the backbone chose a segment kernel (long contexts)
+            impl = forward_attention_impl(self.attention_impl, self.compute_dtype_name)
+            out_btnh = segment_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt, impl=impl, block_size=self.block_size)
         elif mask_b1ts is None:  # the backbone chose the fused cuDNN kernel (right-padded rows)
             out_btnh = jax.nn.dot_product_attention(
                 q_btnh, k_btkh, v_btkh, is_causal=True, query_seq_lengths=seq_lengths_b,

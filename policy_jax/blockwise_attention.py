@@ -47,10 +47,15 @@ def _key_block_step(carry, key_block, *, q_bqkgh, q_seg_bq, q_idx_q, scale):
     return (m_new, l_new, acc_new), None
 
 
-def _check(q_btnh, k_btkh, block_size):
+def check_heads(q_btnh, k_btkh):
+    """Grouped-query heads: the query heads must be a whole multiple of the key/value heads."""
     n, kv = q_btnh.shape[2], k_btkh.shape[2]
     if n % kv:
         raise ValueError(f"{n} query heads are not a multiple of {kv} key/value heads")
+
+
+def _check(q_btnh, k_btkh, block_size):
+    check_heads(q_btnh, k_btkh)
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
 
@@ -100,13 +105,16 @@ def blockwise_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
 
 
 def context_parallel_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, segment_ids_bt: jax.Array,
-                               mesh, axis: str, *, block_size: int = DEFAULT_BLOCK_SIZE) -> jax.Array:
+                               mesh, axis: str, *, block_size: int = DEFAULT_BLOCK_SIZE,
+                               batch_axes: str | tuple[str, ...] | None = None,
+                               head_axis: str | None = None) -> jax.Array:
     """blockwise_attention with the sequence split over the mesh axis `axis` (context parallelism).
 
     Each device keeps its slice of the queries and gathers every device's keys, values and
     segment ids (all-gather over `axis`), then attends blockwise with its queries' global
-    positions. Per device: queries t/P, keys t (linear in t), no [t, t] array. The other mesh
-    axes may shard the batch (`data`, `fsdp`) and the heads (`tensor`) as usual.
+    positions. Per device: queries t/P, keys t (linear in t), no [t, t] array. The rows may be
+    split over `batch_axes` and the query and key/value heads over `head_axis` at the same time
+    (`mesh` may be abstract: the mesh of the computation being traced).
     """
     from jax.sharding import PartitionSpec as P
 
@@ -114,7 +122,7 @@ def context_parallel_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax
     parts = mesh.shape[axis]
     if q_btnh.shape[1] % parts:
         raise ValueError(f"sequence of {q_btnh.shape[1]} tokens does not split over {parts} devices of axis {axis!r}")
-    spec_tokens, spec_ids = P(None, axis, None, None), P(None, axis)
+    spec_tokens, spec_ids = P(batch_axes, axis, head_axis, None), P(batch_axes, axis)
 
     def local(q, k, v, seg):
         k_all = jax.lax.all_gather(k, axis, axis=1, tiled=True)

@@ -43,9 +43,11 @@ def train(
     checkpoint_dir: Optional[str] = typer.Option(None, help="overrides checkpoint.directory"),
     resume: bool = typer.Option(True, help="continue from this stage's latest checkpoint when there is one"),
     log_file: Optional[Path] = typer.Option(None, help="append every step's metrics as JSON lines"),
+    tensorboard_dir: Optional[Path] = typer.Option(None, help="also write every step's metrics as TensorBoard scalars here"),
 ) -> None:
     """Train one stage (RFT, value pretraining or PPO) on a trajectory file, or, without --stage, the
     stages the config lists in order (a finished stage is skipped, an interrupted one resumes)."""
+    from cuda_agent.metrics_sink import MetricsSink
     from policy_jax.checkpoint import CheckpointError
     from policy_jax.model_config import ModelConfigError
     from policy_jax.params_import import CheckpointError as ImportCheckpointError
@@ -60,13 +62,11 @@ def train(
         if stage is not None and data is None:
             raise StageError("--stage needs --data")
         rows = read_trajectory_rows(data) if stage is not None else None
-        sink = open(log_file, "a") if log_file else None
+        sink = MetricsSink(log_file, tensorboard_dir, step_key="step")
 
         def log(record):
             typer.echo(_short(record) if "event" not in record else json_line(record))
-            if sink is not None:
-                sink.write(json_line(record) + "\n")
-                sink.flush()
+            sink.write(record)
 
         try:
             if stage is None:
@@ -80,8 +80,7 @@ def train(
                                init_from=init_from, actor_from=actor_from, critic_from=critic_from,
                                checkpoint_root=checkpoint_dir, resume=resume, log=log)
         finally:
-            if sink is not None:
-                sink.close()
+            sink.close()
     except expected as e:
         _fail(str(e))
     for role, state in states.items():

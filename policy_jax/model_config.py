@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from policy_jax.blockwise_attention import DEFAULT_BLOCK_SIZE
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn", "blockwise")
+ATTENTION_IMPLEMENTATIONS = ("xla", "cudnn", "blockwise", "splash", "auto")
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
 REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable")
 
@@ -29,8 +29,10 @@ class ModelConfig:
     also adds an output-projection bias, kept in `attention_out_bias`).
     `attention_impl` picks `jax.nn.dot_product_attention`'s backend for the cache-free forward:
     "xla" (any mask, packed segments; builds a [t, t] mask), "cudnn" (fused flash attention on NVIDIA
-    GPUs; assumes one right-padded segment per row, as in a padded training batch) or "blockwise"
-    (packed segments, memory linear in t on every backend: the long-context path).
+    GPUs; assumes one right-padded segment per row, as in a padded training batch), "blockwise"
+    (packed segments, memory linear in t on every backend: the long-context path), "splash" (the
+    Pallas splash kernel on TPU, packed segments, memory linear in t; interpreted elsewhere) or
+    "auto" (splash on TPU, cudnn on GPU, blockwise elsewhere: policy_jax/attention_dispatch.py).
     """
 
     vocab_size: int
@@ -59,7 +61,7 @@ class ModelConfig:
     # what a rematerialised layer keeps for the backward pass: a name in jax.checkpoint_policies
     remat_policy: str = "nothing_saveable"
     attention_impl: str = "xla"
-    attention_block_size: int = DEFAULT_BLOCK_SIZE  # queries and keys per block of the "blockwise" attention
+    attention_block_size: int = DEFAULT_BLOCK_SIZE  # queries and keys per block ("blockwise", "splash")
 
     def __post_init__(self):
         for name in ("param_dtype", "compute_dtype"):

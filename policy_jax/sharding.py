@@ -2,8 +2,10 @@
 
 Parameters carry logical axis names in their `logical_axes` metadata ("vocab", "embed", "mlp",
 "q_heads", "kv_heads", "head_dim", "norm"); `LOGICAL_RULES` maps those names to the mesh axes
-("data", "fsdp", "tensor"). A dimension that the mesh axes do not divide evenly stays replicated,
-so a model with 2 KV heads still places on a tensor axis of 4.
+("data", "fsdp", "sequence", "tensor"). A dimension that the mesh axes do not divide evenly stays
+replicated, so a model with 2 KV heads still places on a tensor axis of 4. No parameter uses the
+"sequence" axis: it splits the tokens of each row for attention (context parallelism, see
+policy_jax/attention_dispatch.py), and parameters are replicated over it.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "sequence", "tensor")
 BATCH_AXES = ("data", "fsdp")
+SEQUENCE_AXIS = "sequence"
+HEAD_AXIS = "tensor"
 
 # logical axis -> mesh axis (or tuple of mesh axes, or None = replicated)
 LOGICAL_RULES: dict[str, Any] = {
@@ -45,6 +49,7 @@ class MeshConfig:
     data: int = 1
     fsdp: int = -1
     tensor: int = 1
+    sequence: int = 1
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "MeshConfig":
@@ -55,8 +60,13 @@ class MeshConfig:
         return cls(**{k: int(v) for k, v in d.items()})
 
     def resolve(self, num_devices: int) -> tuple[int, int, int]:
-        """Axis sizes with -1 filled in so that their product is `num_devices`."""
-        sizes = [self.data, self.fsdp, self.tensor]
+        """The (data, fsdp, tensor) sizes with -1 filled in (the sequence axis too: see `sizes`)."""
+        sizes = self.sizes(num_devices)
+        return sizes["data"], sizes["fsdp"], sizes["tensor"]
+
+    def sizes(self, num_devices: int) -> dict[str, int]:
+        """Every axis's size, in MESH_AXES order, with -1 filled in so that their product is `num_devices`."""
+        sizes = [getattr(self, axis) for axis in MESH_AXES]
         if sum(s == -1 for s in sizes) > 1:
             raise MeshConfigError("at most one mesh axis may be -1")
         if any(s == 0 or s < -1 for s in sizes):
@@ -68,14 +78,14 @@ class MeshConfig:
             sizes[sizes.index(-1)] = num_devices // known
         if math.prod(sizes) != num_devices:
             raise MeshConfigError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, have {num_devices}")
-        return tuple(sizes)
+        return dict(zip(MESH_AXES, sizes))
 
 
 def make_mesh(config: MeshConfig | None = None, devices: list | None = None) -> Mesh:
-    """A mesh with axes ("data", "fsdp", "tensor") over `devices` (default: all, every host)."""
+    """A mesh with axes MESH_AXES over `devices` (default: all, every host)."""
     config = config or MeshConfig()
     devices = list(devices if devices is not None else jax.devices())
-    shape = config.resolve(len(devices))
+    shape = tuple(config.sizes(len(devices)).values())
     try:
         from jax.experimental import mesh_utils
 

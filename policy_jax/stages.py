@@ -13,6 +13,7 @@ given in memory. A NaN/None reward is an infrastructure failure: such rows are n
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from policy_jax.attention_dispatch import mesh_scope
 from policy_jax.distributed import global_batch_from_local
 from policy_jax.rl.advantages import gae_advantages, outcome_rewards, whiten_advantages
 from policy_jax.rl.batch import TrajectoryBatch, pad_trajectories
@@ -235,7 +237,8 @@ def run_value_pretraining(state: TrainState, batches: BatchIterator, cfg: RunCon
 
     @jax.jit
     def prepare(state, tb):
-        values_bt = state.module()(tb.tokens_bt, tb.positions_bt, tb.segment_ids_bt)
+        with mesh_scope(mesh):
+            values_bt = state.module()(tb.tokens_bt, tb.positions_bt, tb.segment_ids_bt)
         _, _, returns_bt = value_targets(values_bt, tb, cfg.ppo)
         return ValueBatch(tokens_bt=tb.tokens_bt, positions_bt=tb.positions_bt, segment_ids_bt=tb.segment_ids_bt,
                           action_mask_bt=tb.action_mask_bt, returns_bt=returns_bt,
@@ -342,6 +345,11 @@ def ppo_rollout_inputs(actor: TrainState, critic: TrainState, tb: TrajectoryBatc
     return policy, value, diagnostics
 
 
+def _rollout_inputs_on_mesh(actor, critic, tb, *, mesh, cfg, objective):
+    with mesh_scope(mesh):  # the attention kernels lay themselves over the mesh
+        return ppo_rollout_inputs(actor, critic, tb, cfg, objective)
+
+
 def take_rows(tree: Any, start: int, stop: int) -> Any:
     return jax.tree.map(lambda x: x[start:stop], tree)
 
@@ -367,11 +375,15 @@ class PPOUpdater:
         objective = actor_objective(cfg, "ppo", mini)
         return cls(cfg, mesh, rows, mini, make_actor_step(states.actor, objective, mesh),
                    make_critic_step(states.critic, critic_objective(cfg, mini), mesh),
-                   jax.jit(lambda a, c, tb: ppo_rollout_inputs(a, c, tb, cfg, objective)))
+                   jax.jit(functools.partial(_rollout_inputs_on_mesh, mesh=mesh, cfg=cfg, objective=objective)))
 
-    def update(self, states: PPOStates, host_tb: TrajectoryBatch) -> tuple[PPOStates, dict[str, Any]]:
+    def update(self, states: PPOStates, host_tb: TrajectoryBatch,
+               observe: Callable[[TrainState, PolicyBatch], None] | None = None) -> tuple[PPOStates, dict[str, Any]]:
         """One PPO iteration on one rollout batch: `ppo.epochs` passes of mini-batches, an actor and a
-        critic update per mini-batch. -> (states, the metrics of every update averaged)."""
+        critic update per mini-batch. -> (states, the metrics of every update averaged).
+
+        observe(actor, mini-batch), when given, sees each mini-batch and the actor about to take it
+        (before the step, which donates the actor's arrays)."""
         cfg, mesh, mini = self.cfg, self.mesh, self.mini
         require_agent_tokens(host_tb, "ppo")
         tb = to_device(host_tb, mesh)
@@ -383,6 +395,8 @@ class PPOUpdater:
             for start in range(0, self.rows, mini):
                 pb = _constrain(take_rows(policy, start, start + mini), mesh)
                 vb = _constrain(take_rows(value, start, start + mini), mesh)
+                if observe is not None:
+                    observe(states.actor, pb)
                 states.actor, actor_metrics = self.actor_step(states.actor, pb)
                 states.critic, critic_metrics = self.critic_step(states.critic, vb)
                 actor_updates.append(_floats(actor_metrics))

@@ -123,8 +123,8 @@ def create_train_state(model: nnx.Module, optimizer: Optimizer, mesh: Mesh) -> T
     `state.module()`, not `model`.
     """
     graphdef, params_state, rest_state = nnx.split(model, nnx.Param, ...)
-    params = params_state.to_pure_dict()
-    rest = rest_state.to_pure_dict()
+    params = nnx.to_pure_dict(params_state)
+    rest = nnx.to_pure_dict(rest_state)
     tx = optimizer.tx
     shape = jax.eval_shape(tx.init, params)
     opt_state = jax.jit(tx.init, out_shardings=opt_state_shardings(shape, params, mesh))(params)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from policy_jax.attention_dispatch import mesh_scope
 from policy_jax.sharding import batch_sharding
 from policy_jax.rl.losses import PPOClip, ppo_actor_loss, rft_nll_loss, value_loss
 from policy_jax.rl.masked import aggregate_token_loss, aggregation_normalizer, masked_sum
@@ -225,7 +226,8 @@ def make_actor_step(state: TrainState, objective: ActorObjective, mesh: Mesh) ->
     """A jitted `(state, PolicyBatch) -> (state, metrics)`; the state is donated and keeps its shardings."""
 
     def step(state: TrainState, batch: PolicyBatch):
-        (loss, sums), grads = actor_gradients(state, batch, objective, mesh)
+        with mesh_scope(mesh):  # the attention kernels lay themselves over the mesh
+            (loss, sums), grads = actor_gradients(state, batch, objective, mesh)
         return _apply(state, grads), _finish_actor_metrics(loss, sums, grads, objective)
 
     return jax.jit(step, donate_argnums=(0,), out_shardings=(state_shardings(state), _replicated_metrics(mesh)))
@@ -235,7 +237,8 @@ def make_critic_step(state: TrainState, objective: CriticObjective, mesh: Mesh) 
     """A jitted `(state, ValueBatch) -> (state, metrics)`; the state is donated and keeps its shardings."""
 
     def step(state: TrainState, batch: ValueBatch):
-        (loss, sums), grads = critic_gradients(state, batch, objective, mesh)
+        with mesh_scope(mesh):
+            (loss, sums), grads = critic_gradients(state, batch, objective, mesh)
         return _apply(state, grads), _finish_critic_metrics(loss, sums, grads)
 
     return jax.jit(step, donate_argnums=(0,), out_shardings=(state_shardings(state), _replicated_metrics(mesh)))

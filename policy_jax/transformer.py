@@ -10,6 +10,7 @@ from flax import nnx
 
 from policy_jax import kv_cache as kvc
 from policy_jax.attention import Attention, segment_attention_mask
+from policy_jax.attention_dispatch import SEGMENT_IMPLEMENTATIONS, constrain_activations, forward_attention_impl
 from policy_jax.layers import Embedder, RMSNorm, SwiGLU, param
 from policy_jax.model_config import ModelConfig
 
@@ -68,16 +69,17 @@ class Backbone(nnx.Module):
             positions_bt = default_positions(tokens_bt)
         if segment_ids_bt is None:
             segment_ids_bt = jnp.ones_like(tokens_bt, dtype=jnp.int32)
-        fused = self.config.attention_impl == "cudnn" and self.config.compute_dtype in ("bfloat16", "float16")
+        impl = forward_attention_impl(self.config.attention_impl, self.config.compute_dtype)
+        fused = impl == "cudnn" and self.config.compute_dtype in ("bfloat16", "float16")
         blocks = None
         if fused:  # cuDNN flash attention takes bf16/fp16 only; a float32 model falls back to XLA
             mask_b1ts, seq_lengths_b = None, jnp.sum(segment_ids_bt != 0, axis=1).astype(jnp.int32)
-        elif self.config.attention_impl == "blockwise":  # no [t, t] mask: the segment ids go to the layers
+        elif impl in SEGMENT_IMPLEMENTATIONS:  # no [t, t] mask: the segment ids go to the layers
             mask_b1ts, seq_lengths_b, blocks = None, None, segment_ids_bt
         else:
             mask_b1ts, seq_lengths_b = segment_attention_mask(segment_ids_bt), None
         run = _run_layer_remat(self.config.remat_policy) if self.config.remat else _run_layer
-        x_btd = self.embed_tokens(tokens_bt)
+        x_btd = constrain_activations(self.embed_tokens(tokens_bt))
         for layer in self.layers:
             x_btd = run(layer, x_btd, positions_bt, mask_b1ts, seq_lengths_b, blocks)
         return self.norm(x_btd)

@@ -84,12 +84,15 @@ def test_read_solution_job_matches_the_examples_on_disk(tmp_path):
 # Which first-party packages each package may import (the README's table). The console root,
 # cuda_agent/cli.py, registers every package's commands and may import them all. The contract
 # modules (standard library only) are the contracts, the workspace layout and the jail.
-CONTRACTS = ("cuda_agent.contracts", "cuda_agent.workspace", "cuda_agent.jail")
+# The metric sink (JSON lines and TensorBoard files, standard library only) serves both training commands.
+CONTRACTS = ("cuda_agent.contracts", "cuda_agent.workspace", "cuda_agent.jail", "cuda_agent.metrics_sink")
 ALLOWED = {
     "evaluator_cuda": {*CONTRACTS},
     "bridge": {"cuda_agent.contracts"},
-    "policy_jax": {"cuda_agent.contracts"},
+    "policy_jax": {"cuda_agent.contracts", "cuda_agent.metrics_sink"},
     "agent": {"bridge", "policy_jax", *CONTRACTS},
+    "task_synthesis": {"evaluator_cuda", *CONTRACTS},  # it filters tasks through the evaluator's API
+    "ablations": {"policy_jax", "agent", *CONTRACTS},  # experiments over the training code
     "cuda_agent": set(),
 }
 FIRST_PARTY = set(ALLOWED)
@@ -142,7 +145,7 @@ def test_packages_import_only_in_the_stated_directions():
 
 
 @pytest.mark.parametrize("name,allowed", [("cuda_agent.contracts", set()), ("cuda_agent.workspace", {"cuda_agent.contracts"}),
-                                          ("cuda_agent.jail", set())])
+                                          ("cuda_agent.jail", set()), ("cuda_agent.metrics_sink", set())])
 def test_the_contract_modules_need_only_the_standard_library(name, allowed):
     import sys
 

@@ -239,6 +239,7 @@ def test_candidate_call_describes_its_output_before_the_host_copy(monkeypatch):
         def forward(self, x):
             return x * 2
 
+    candidate.take_refusals()  # refusals other tests in this process left on record
     role = candidate.CandidateRole()
     role.model, role.device, role.block_torch = Double(), "cpu", False
     role.threads_at_start = {t.ident for t in threading.enumerate()}

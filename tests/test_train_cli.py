@@ -44,9 +44,11 @@ def test_rft_run_then_resume(tmp_path):
     invoke("train-demo-data", "--out", str(data), "--rows", "32", "--max-len", "48")
     common = ["train", "--stage", "rft", "--config", "configs/tiny.yaml", "--data", str(data),
               "--checkpoint-dir", str(tmp_path / "ck")]
-    code, out = invoke(*common, "--steps", "2", "--log-file", str(tmp_path / "log.jsonl"))
+    code, out = invoke(*common, "--steps", "2", "--log-file", str(tmp_path / "log.jsonl"),
+                       "--tensorboard-dir", str(tmp_path / "tb"))
     assert code == 0, out
     assert '"event": "filter"' in out and "actor: 2 updates" in out
+    assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1
     code, out = invoke(*common, "--steps", "3")
     assert code == 0, out
     assert '"event": "resumed"' in out and '"step": 2' in out and "actor: 3 updates" in out

@@ -1,0 +1,123 @@
+"""The in-process stage of the execution filter (run in a worker process, never in the parent).
+
+Stages, in order, each a rejection reason of its own: `memory` (inputs, parameters and every
+tensor of the forward against the bound), `load` (the source runs, Model builds), `eager` (the
+forward runs), `output` (one floating tensor of the inferred shape, finite), `deterministic`
+(the same inputs twice give the same output), `input_dependent` (inputs from another seed give
+another output; an output below the tolerance everywhere counts as degenerate too: an all-zero
+kernel would pass it) and `window` (the median eager forward time within the backend's window).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+ATOL = 1e-2  # the evaluator's tolerance (paper: atol = rtol = 1e-2)
+TIMED_CALLS = 5
+
+
+class Rejected(Exception):
+    def __init__(self, stage: str, reason: str):
+        super().__init__(f"{stage}: {reason}")
+        self.stage, self.reason = stage, reason
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:200]
+
+
+def _inputs(namespace: dict, seed: int) -> list:
+    import torch
+
+    torch.manual_seed(seed)
+    return list(namespace["get_inputs"]())
+
+
+def _nbytes(values) -> int:
+    import torch
+
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+def check_memory(shapes: list[list[int]], parameter_bytes: int, bound: int, element_bytes: int = 4) -> int:
+    """Bytes of every tensor of the forward plus the parameters; Rejected above the bound."""
+    total = parameter_bytes + element_bytes * sum(math.prod(s) for s in shapes)
+    if total > bound:
+        raise Rejected("memory", f"{total / 2**20:.1f} MiB of tensors above the {bound / 2**20:.0f} MiB bound")
+    return total
+
+
+def _load(name: str, source: str):
+    import torch
+
+    from evaluator_cuda.tasks import TaskError, exec_task
+
+    try:
+        namespace = exec_task(name, source, module_name=f"synth_{abs(hash(name))}")
+        torch.manual_seed(0)
+        model = namespace["Model"](*namespace["get_init_inputs"]()).eval()
+    except TaskError as exc:
+        raise Rejected("load", exc.problem) from None
+    except Exception as exc:
+        raise Rejected("load", _one_line(exc)) from None
+    return namespace, model
+
+
+def _forward(model, inputs):
+    import torch
+
+    try:
+        with torch.no_grad():
+            return model(*[v.clone() if isinstance(v, torch.Tensor) else v for v in inputs])
+    except Exception as exc:
+        raise Rejected("eager", _one_line(exc)) from None
+
+
+def _check_output(out, expected_shape) -> None:
+    import torch
+
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        raise Rejected("output", f"the forward returns {type(out).__name__}, not one floating tensor")
+    if expected_shape is not None and list(out.shape) != list(expected_shape):
+        raise Rejected("output", f"shape inference said {list(expected_shape)}, the forward gave {list(out.shape)}")
+    if not bool(torch.isfinite(out).all()):
+        raise Rejected("output", "non-finite values in the output")
+
+
+def _median_ms(model, inputs) -> float:
+    times = []
+    for _ in range(TIMED_CALLS):
+        begin = time.perf_counter()
+        _forward(model, inputs)
+        times.append((time.perf_counter() - begin) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def run_checks(name: str, source: str, expected_shape, shapes, window_ms, memory_bytes: int) -> dict:
+    """Every in-process check; returns what was measured (eager_ms, bytes), raises Rejected."""
+    import torch
+
+    namespace, model = _load(name, source)
+    parameter_bytes = _nbytes([*model.parameters(), *model.buffers()])
+    inputs = _inputs(namespace, 1)
+    if shapes is None:  # no plan (an LLM's task): the input and output are what is known
+        shapes = [list(v.shape) for v in inputs if isinstance(v, torch.Tensor)]
+    total = check_memory(shapes, parameter_bytes, memory_bytes)
+    out = _forward(model, inputs)
+    _check_output(out, expected_shape)
+    if not torch.equal(out, _forward(model, inputs)):
+        raise Rejected("deterministic", "random: two runs on the same inputs disagree")
+    other = _forward(model, _inputs(namespace, 2))
+    if other.shape == out.shape and torch.equal(other, out):
+        raise Rejected("input_dependent", "the output does not depend on the inputs")
+    if float(out.abs().max()) < ATOL and float(other.abs().max()) < ATOL:
+        raise Rejected("input_dependent", f"every output below the tolerance {ATOL:g} (all zeros would pass)")
+    for _ in range(2):  # warm-up (a backend's first call may set up kernels)
+        _forward(model, inputs)
+    eager_ms = _median_ms(model, inputs)
+    low, high = window_ms
+    if not low <= eager_ms <= high:
+        raise Rejected("window", f"eager forward {eager_ms:.4g} ms outside [{low:g}, {high:g}] ms")
+    return {"eager_ms": round(eager_ms, 6), "bytes": total, "output_shape": list(out.shape)}

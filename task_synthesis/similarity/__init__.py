@@ -1,0 +1,1 @@
+"""Normalised-AST similarity: near-duplicate removal and decontamination against evaluation programs."""

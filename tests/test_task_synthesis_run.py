@@ -1,0 +1,103 @@
+"""Task synthesis runs: resume after a crash loses nothing, bad input is one error line, and an
+end-to-end run whose kept tasks load and self-check `correct` in `cuda-agent bench`."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from task_synthesis.config import SynthesisConfig
+from task_synthesis.pipeline.journal import journal_path
+from task_synthesis.pipeline.run import RunOptions, Synthesis
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples" / "tasks"
+
+
+class Crash(Exception):
+    pass
+
+
+def _options(out: Path, count: int) -> RunOptions:
+    config = SynthesisConfig(evaluator=False, compile=False)
+    return RunOptions(out=out, count=count, config=config, seed=7, workers=1, backend="host", eval_dir=EXAMPLES)
+
+
+def _crash_after(decisions: int):
+    seen = []
+
+    def progress(line: str) -> None:
+        seen.append(line)
+        if len(seen) >= decisions:
+            raise Crash(line)
+
+    return progress
+
+
+def _kept(run: Synthesis) -> list[tuple]:
+    return [(e["name"], e["source"]) for e in run.journal.entries if e["status"] == "kept"]
+
+
+def test_resume_after_a_crash_loses_nothing(tmp_path):
+    whole = Synthesis(_options(tmp_path / "whole.parquet", 10), progress=lambda line: None)
+    whole.run()
+    crashed = Synthesis(_options(tmp_path / "t.parquet", 10), progress=_crash_after(4))
+    with pytest.raises(Crash):
+        crashed.run()
+    before = list(crashed.journal.entries)
+    assert len(before) == 4
+    resumed = Synthesis(_options(tmp_path / "t.parquet", 10), progress=lambda line: None)
+    assert resumed.journal.entries == before  # replayed, not redone
+    resumed.run()
+    keys = [e["key"] for e in resumed.journal.entries]
+    assert len(keys) == len(set(keys))
+    assert resumed.journal.entries[:4] == before
+    assert _kept(resumed) == _kept(whole) and len(_kept(whole)) == 10
+    assert journal_path(tmp_path / "t.parquet").exists()
+
+
+def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "cuda_agent.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--count", "0"], "--count must be at least 1"),
+    (["--count", "3", "--eval-dir", "/nonexistent/evals"], "no such evaluation folder"),
+    (["--count", "3", "--scale", "huge"], "unknown scale"),
+])
+def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, message):
+    done = _cli("data", "synthesize", "--out", str(tmp_path / "t.parquet"), "--backend", "host", *args)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and message in errors[0]
+
+
+def test_synthesized_tasks_load_and_self_check_correct_in_bench(tmp_path):
+    import pyarrow.parquet as pq
+
+    from evaluator_cuda.tasks import load_tasks
+
+    out = tmp_path / "tasks.parquet"
+    done = _cli("data", "synthesize", "--out", str(out), "--count", "12", "--backend", "host", "--workers", "2",
+                "--eval-dir", str(EXAMPLES), "--no-compile", "--cache-dir", str(tmp_path / "cache"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "kept" in done.stderr  # progress lines
+    table = pq.read_table(out)
+    assert table.num_rows == 12
+    assert {"code", "name", "ops", "composition", "num_ops", "data_source", "eval_similarity"} <= set(
+        table.column_names)
+    assert max(table.column("eval_similarity").to_pylist()) < 0.9
+    # 12 x the shares: 0.41, 10.05, 0.91, 0.34, 0.15, 0.14: ten 2-operator tasks, then the largest remainders
+    assert sorted(table.column("composition").to_pylist()) == ["1"] + ["2"] * 10 + ["3"]
+    loaded = load_tasks(out)
+    assert len(loaded.tasks) == 12 and not loaded.problems
+    report = out.with_name("tasks.report.md").read_text()
+    assert "## Composition against the target" in report and "## Survival by stage" in report
+    assert out.with_name("tasks.similarity.png").stat().st_size > 0
+    bench = _cli("bench", str(out), "--backend", "host", "--no-profile", "--out", str(tmp_path / "bench"),
+                 "--cache-dir", str(tmp_path / "cache"))
+    assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-2000:]
