@@ -299,7 +299,8 @@ def train_loop(
     episodes_dir: Optional[Path] = typer.Option(None, help="Where the workspaces go (default: a new folder under the agent config's episodes_root)."),
     concurrency: int = typer.Option(8, help="Episodes run at the same time."),
     log_file: Optional[Path] = typer.Option(None, help="Append every iteration's metrics as JSON lines."),
-    tensorboard_dir: Optional[Path] = typer.Option(None, help="Also write every iteration's metrics as TensorBoard scalars here."),
+    tensorboard_dir: Optional[Path] = typer.Option(
+        None, help="Also write every iteration's metrics as TensorBoard scalars here."),
     export_to: Optional[Path] = typer.Option(None, help="Write the final actor as a Hugging Face checkpoint here."),
 ) -> None:
     """On-policy PPO: the actor plays episodes with its current weights, then learns from them."""

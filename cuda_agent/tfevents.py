@@ -57,10 +57,14 @@ def event_bytes(wall_time: float, step: int, scalars: dict[str, float] | None = 
     if file_version is not None:
         out += _field_bytes(3, file_version.encode())
     if scalars:
-        values = b"".join(_field_bytes(1, _field_bytes(1, tag.encode()) + _varint(2 << 3 | 5) + struct.pack("<f", value))
-                          for tag, value in scalars.items())
+        values = b"".join(_field_bytes(1, _scalar_value(tag, value)) for tag, value in scalars.items())
         out += _field_bytes(5, values)
     return out
+
+
+def _scalar_value(tag: str, value: float) -> bytes:
+    """A Summary.Value: its tag (field 1) and simple_value (field 2, a 32-bit float)."""
+    return _field_bytes(1, tag.encode()) + _varint(2 << 3 | 5) + struct.pack("<f", value)
 
 
 def record_bytes(data: bytes) -> bytes:

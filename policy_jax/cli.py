@@ -43,7 +43,8 @@ def train(
     checkpoint_dir: Optional[str] = typer.Option(None, help="overrides checkpoint.directory"),
     resume: bool = typer.Option(True, help="continue from this stage's latest checkpoint when there is one"),
     log_file: Optional[Path] = typer.Option(None, help="append every step's metrics as JSON lines"),
-    tensorboard_dir: Optional[Path] = typer.Option(None, help="also write every step's metrics as TensorBoard scalars here"),
+    tensorboard_dir: Optional[Path] = typer.Option(
+        None, help="also write every step's metrics as TensorBoard scalars here"),
 ) -> None:
     """Train one stage (RFT, value pretraining or PPO) on a trajectory file, or, without --stage, the
     stages the config lists in order (a finished stage is skipped, an interrupted one resumes)."""
