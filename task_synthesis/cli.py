@@ -55,12 +55,13 @@ def synthesize(
     """Synthesise COUNT training tasks: compose, decontaminate, filter by execution, write parquet and a report.
 
     Resumable: run the same command again after a crash; only the candidates in flight are lost.
-    Exit codes: 0 every quota met; 1 some categories fell short; 2 bad input.
+    Exit codes: 0 every quota met; 1 some categories fell short; 2 bad input; 130 stopped (SIGTERM or
+    Ctrl-C; the workers and their evaluator children are ended, and running again resumes).
     """
     from .config import ConfigError, SynthesisConfig
     from .catalogue.store import CatalogueError
     from .pipeline.journal import JournalError
-    from .pipeline.run import RunOptions, Synthesis, SynthesisError
+    from .pipeline.run import RunOptions, Stopped, Synthesis, SynthesisError
 
     if backend not in ("auto", "cuda", "host"):
         _fail(f"unknown backend {backend!r} (expected auto, cuda or host)")
@@ -74,6 +75,9 @@ def synthesize(
         run.run()
     except (ConfigError, CatalogueError, JournalError, SynthesisError) as exc:
         _fail(str(exc))
+    except Stopped as exc:
+        typer.echo(f"stopped: {exc}", err=True)
+        raise typer.Exit(code=130)
     written = _finish(run, time.monotonic() - begin)
     short = {c: q - run.kept[c] for c, q in run.quotas.items() if run.kept[c] < q}
     typer.echo(f"{written} tasks in {out}; report in {_report_path(out)}")

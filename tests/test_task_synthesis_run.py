@@ -2,8 +2,10 @@
 end-to-end run whose kept tasks load and self-check `correct` in `cuda-agent bench`."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,59 @@ def test_synthesized_tasks_load_and_self_check_correct_in_bench(tmp_path):
     bench = _cli("bench", str(out), "--backend", "host", "--no-profile", "--out", str(tmp_path / "bench"),
                  "--cache-dir", str(tmp_path / "cache"))
     assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-2000:]
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> start time of every process below `root` (the start time tells a reused pid apart)."""
+    parents, starts = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            parents[int(entry)], starts[int(entry)] = int(fields[1]), fields[19]
+    found, frontier = {}, {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in found}
+        found.update({pid: starts[pid] for pid in frontier})
+    return found
+
+
+def _alive(pid: int, start: str) -> bool:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2:].split()
+    return fields[19] == start and fields[0] != "Z"
+
+
+def test_sigterm_ends_the_workers_and_their_evaluator_children_and_the_run_resumes(tmp_path):
+    out = tmp_path / "tasks.parquet"
+    args = ["data", "synthesize", "--out", str(out), "--count", "6", "--backend", "host", "--workers", "2",
+            "--no-compile", "--cache-dir", str(tmp_path / "cache")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.Popen([sys.executable, "-m", "cuda_agent.cli", *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    journal = journal_path(out)
+    seen: dict[int, str] = {}
+    for _ in range(600):  # until the first decision is journaled, at most a minute
+        seen.update(_descendants(run.pid))
+        if journal.exists() and journal.read_text().count("\n") >= 2 or run.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert run.poll() is None, "the run ended before it could be stopped"
+    seen.update(_descendants(run.pid))
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("stopped: "), err[-500:]
+    time.sleep(1.0)
+    left = [pid for pid, start in seen.items() if _alive(pid, start)]
+    assert not left, f"processes outlived the stopped run: {left}"
+    decided = journal.read_text().count("\n")
+    done = _cli(*args)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert journal.read_text().count("\n") >= decided  # nothing decided before the stop was redone or lost

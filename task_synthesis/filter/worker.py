@@ -10,7 +10,13 @@ _warm = False
 def start_worker() -> None:
     """Pool initializer: torch imported once, the evaluator's children kept warm between candidates."""
     global _warm
+    import signal
+    import sys
+
     import torch
+
+    # Stopped by the run: exit through Python, so an evaluation's children are closed on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     torch.set_num_threads(1)  # workers share the machine: several intra-op pools would oversubscribe it
 

@@ -10,9 +10,12 @@ decision goes to the journal before the next one; a resumed run replays the jour
 from __future__ import annotations
 
 import concurrent.futures as futures
+import contextlib
 import dataclasses
 import hashlib
 import multiprocessing
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +26,41 @@ from ..config import SynthesisConfig
 from ..similarity.score import SimilarityIndex, fingerprint
 from .journal import Journal, journal_path
 from .quotas import quotas
+
+
+class Stopped(RuntimeError):
+    """The run was stopped (SIGTERM or Ctrl-C); what was decided is in the journal."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """SIGTERM raises Stopped in the main thread for the duration (elsewhere: nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop_workers(pool) -> None:
+    """End the pool now: SIGTERM to each worker (each closes its evaluator children as it exits),
+    then SIGKILL to any still alive after a grace period."""
+    workers = multiprocessing.active_children()
+    for worker in workers:
+        worker.terminate()
+    deadline = time.monotonic() + 20.0
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+        if worker.is_alive():
+            worker.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 class SynthesisError(ValueError):
@@ -184,31 +222,44 @@ class Synthesis:
         self.say(f"[{kept}/{self.o.count} kept, {decided} tried, {kept / hours:.0f} kept/h] {entry['name']} {what}")
 
     def run(self) -> dict:
-        """Synthesise until every quota is met or its attempts are spent; returns the kept count per category."""
+        """Synthesise until every quota is met or its attempts are spent; returns the kept count per category.
+        SIGTERM or Ctrl-C stops the workers (and the evaluator's children under them) and raises Stopped:
+        the journal keeps every decision, so running again resumes."""
         context = multiprocessing.get_context("spawn")
         from ..filter.worker import filter_candidate, start_worker
 
         in_flight: dict = {}  # future -> entry
-        with futures.ProcessPoolExecutor(self.o.workers, mp_context=context, initializer=start_worker) as pool:
-            while True:
-                counts = {}
-                for entry in in_flight.values():
-                    counts[entry["category"]] = counts.get(entry["category"], 0) + 1
-                open_ = self._deficits(counts)
-                if open_ and len(in_flight) < self.o.workers:
-                    entry, job = self._candidate(open_[0])
-                    if job is None:
-                        self._decide(entry, None)
-                    else:
-                        in_flight[pool.submit(filter_candidate, job)] = entry
-                    continue
-                if not in_flight:
-                    break
-                finished, _ = futures.wait(in_flight, return_when=futures.FIRST_COMPLETED)
-                for future in finished:
-                    entry = in_flight.pop(future)
-                    self._decide(entry, self._result(future, entry))
+        pool = futures.ProcessPoolExecutor(self.o.workers, mp_context=context, initializer=start_worker)
+        try:
+            with stop_on_sigterm():
+                self._loop(pool, in_flight, filter_candidate)
+        except (Stopped, KeyboardInterrupt):
+            _stop_workers(pool)
+            raise Stopped(f"stopped with {len(self.journal.entries)} candidates decided; "
+                          f"{len(in_flight)} in flight are lost, run the same command to resume") from None
+        pool.shutdown(wait=True)
         return dict(self.kept)
+
+    def _loop(self, pool, in_flight: dict, filter_candidate) -> None:
+        """Submit candidates while quotas are open and workers free; decide each as it finishes."""
+        while True:
+            counts = {}
+            for entry in in_flight.values():
+                counts[entry["category"]] = counts.get(entry["category"], 0) + 1
+            open_ = self._deficits(counts)
+            if open_ and len(in_flight) < self.o.workers:
+                entry, job = self._candidate(open_[0])
+                if job is None:
+                    self._decide(entry, None)
+                else:
+                    in_flight[pool.submit(filter_candidate, job)] = entry
+                continue
+            if not in_flight:
+                break
+            finished, _ = futures.wait(in_flight, return_when=futures.FIRST_COMPLETED)
+            for future in finished:
+                entry = in_flight.pop(future)
+                self._decide(entry, self._result(future, entry))
 
     @staticmethod
     def _result(future, entry: dict) -> dict:
