@@ -2,6 +2,8 @@
 
     name: ablation_tiny
     iterations: 2               # on-policy PPO iterations per arm and seed
+    checkpoint_every: 1         # iterations between an arm's checkpoints (and after its last); a stop
+                                # loses at most the iterations since the last one
     seeds: [0, 1]               # rollout and mini-batch seeds; every seed starts from the same checkpoint
     output_dir: runs/ablations/tiny
     task: {max_operand: 4, max_new_tokens: 4}
@@ -97,13 +99,15 @@ class AblationConfig:
     arms: tuple[Arm, ...]
     run: Any  # policy_jax.run_config.RunConfig (the arms' PPO settings replace three of its keys)
     raw: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    checkpoint_every: int = 1
 
     def arm_run_config(self, arm: Arm):
         ppo = dataclasses.replace(self.run.ppo, **arm.ppo_overrides(self.run.ppo.tis_cap))
         return dataclasses.replace(self.run, name=f"{self.name}/{arm.name}", ppo=ppo)
 
 
-_KEYS = {"name", "iterations", "seeds", "output_dir", "task", "warm_start", "collapse", "arm_defaults", "arms", "run"}
+_KEYS = {"name", "iterations", "checkpoint_every", "seeds", "output_dir", "task", "warm_start", "collapse",
+         "arm_defaults", "arms", "run"}
 
 
 def _section(name: str, cls: type, raw: Any, **extra) -> Any:
@@ -133,6 +137,8 @@ def _arms(raw: Any, defaults: Any) -> tuple[Arm, ...]:
     for i, item in enumerate(raw):
         if not isinstance(item, Mapping) or not isinstance(item.get("name"), str) or not item["name"]:
             raise AblationConfigError(f"arms[{i}] must be a mapping with a non-empty name")
+        if "/" in item["name"] or item["name"] in (".", ".."):
+            raise AblationConfigError(f"arm name {item['name']!r} cannot name its checkpoint folder")
         arms.append(_section(f"arm {item['name']}", Arm, {**(defaults or {}), **item}))
     names = [a.name for a in arms]
     if len(set(names)) != len(names):
@@ -147,7 +153,7 @@ def _positive_int(raw: Mapping[str, Any], key: str, default: int | None = None) 
     return value
 
 
-def _seeds(raw: Any) -> tuple[int, ...]:
+def seeds_from(raw: Any) -> tuple[int, ...]:
     if not isinstance(raw, list) or not raw or not all(isinstance(s, int) and not isinstance(s, bool) for s in raw):
         raise AblationConfigError(f"seeds must be a non-empty list of integers, got {raw!r}")
     if len(set(raw)) != len(raw):
@@ -194,12 +200,13 @@ def ablation_config_from_dict(raw: Any) -> AblationConfig:
                                   f"(known: {', '.join(sorted(_KEYS))})")
     name = str(raw.get("name", "ablation"))
     cfg = AblationConfig(
-        name=name, iterations=_positive_int(raw, "iterations"), seeds=_seeds(raw.get("seeds", [0])),
+        name=name, iterations=_positive_int(raw, "iterations"), seeds=seeds_from(raw.get("seeds", [0])),
         output_dir=str(raw.get("output_dir", f"runs/ablations/{name}")),
         task=_section("task", AdditionTask, raw.get("task")),
         warm_start=_section("warm_start", WarmStart, raw.get("warm_start")),
         collapse=_section("collapse", CollapseRule, raw.get("collapse")),
-        arms=_arms(raw.get("arms"), raw.get("arm_defaults")), run=_run(raw.get("run")), raw=dict(raw))
+        arms=_arms(raw.get("arms"), raw.get("arm_defaults")), run=_run(raw.get("run")), raw=dict(raw),
+        checkpoint_every=_positive_int(raw, "checkpoint_every", 1))
     if cfg.warm_start.sampler_head not in SAMPLER_HEADS:
         raise AblationConfigError(f"warm_start.sampler_head {cfg.warm_start.sampler_head!r}: "
                                   f"expected one of {SAMPLER_HEADS}")

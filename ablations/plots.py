@@ -43,6 +43,10 @@ def _band(ax, runs: Runs, arm: str, path: Sequence[str]) -> None:
         ax.fill_between(x, low, high, color=line.get_color(), alpha=0.15)
 
 
+def _any_positive(ax) -> bool:
+    return any(np.any(np.asarray(line.get_ydata(), dtype=float) > 0) for line in ax.get_lines())
+
+
 def figure(out: Path, name: str, runs: Runs, panels: Sequence[tuple[str, Sequence[str]]], ylabel: str,
            log_y: bool = False) -> str | None:
     """One figure of `panels` (title, key path) side by side, every arm in each."""
@@ -56,7 +60,7 @@ def figure(out: Path, name: str, runs: Runs, panels: Sequence[tuple[str, Sequenc
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("iteration")
         ax.set_ylabel(ylabel)
-        if log_y:
+        if log_y and _any_positive(ax):  # a log axis of nothing positive cannot be drawn
             ax.set_yscale("log", nonpositive="mask")
         ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()

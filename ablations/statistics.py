@@ -2,7 +2,9 @@
 
 Inputs are 1-D arrays over the agent tokens of a batch (already masked in): `ratio` is
 pi_a / pi_b per token, `prob` the probability used for bucketing, `advantage` the token's
-advantage. Every function returns plain floats (JSON-ready); an empty input gives NaN.
+advantage. Every function returns plain floats (JSON-ready); an empty input gives NaN. The KL
+estimators and the probability correlation are the trainer's own (policy_jax.rl.metrics) over
+every token, so the ablation and a training run report the same numbers.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
+
+from policy_jax.rl.metrics import approx_kl, pearson_correlation
 
 #: Token-probability buckets: [0, 1e-4), [1e-4, 1e-2), [1e-2, 0.5), [0.5, 1].
 BUCKET_EDGES = (0.0, 1e-4, 1e-2, 0.5, 1.0)
@@ -66,28 +71,22 @@ def clip_fractions(ratio, advantage, low: float, high: float) -> dict[str, float
 
 
 def kl_estimators(logp_sampled, logp_other) -> dict[str, float]:
-    """KL(sampled || other) from tokens drawn under `sampled`: k1 = E[log p_s - log p_o],
-    k3 = E[(r - 1) - log r] with r = p_o / p_s (non-negative)."""
-    log_r = np.clip(_flat(logp_other) - _flat(logp_sampled), -20.0, 20.0)
-    if log_r.size == 0:
+    """KL(sampled || other) from tokens drawn under `sampled`: k1 and k3 of the trainer's own
+    estimator (policy_jax.rl.metrics.approx_kl) over every token."""
+    sampled, other = _flat(logp_sampled), _flat(logp_other)
+    if sampled.size == 0:
         return {"k1": NAN, "k3": NAN}
-    return {"k1": float(np.mean(-log_r)), "k3": float(np.mean(np.expm1(log_r) - log_r))}
+    kl = approx_kl(jnp.asarray(other), jnp.asarray(sampled), jnp.ones(sampled.shape))
+    return {"k1": float(kl["kl_k1"]), "k3": float(kl["kl_k3"])}
 
 
 def probability_correlation(logp_a, logp_b) -> float:
-    """Pearson correlation of the two engines' token probabilities (NaN if either is constant)."""
-    pa, pb = np.exp(_flat(logp_a)), np.exp(_flat(logp_b))
-    if pa.size < 2 or pa.std() == 0 or pb.std() == 0:
+    """Pearson correlation of the two engines' token probabilities (NaN if either is constant), by the
+    trainer's own policy_jax.rl.metrics.pearson_correlation."""
+    a, b = _flat(logp_a), _flat(logp_b)
+    if a.size < 2:
         return NAN
-    return float(np.corrcoef(pa, pb)[0, 1])
-
-
-def explained_variance(values, returns) -> float:
-    """1 - Var[returns - values] / Var[returns] (NaN when the returns are constant)."""
-    v, g = _flat(values), _flat(returns)
-    if g.size == 0 or g.var() == 0:
-        return NAN
-    return float(1.0 - (g - v).var() / g.var())
+    return float(pearson_correlation(jnp.exp(jnp.asarray(a)), jnp.exp(jnp.asarray(b)), jnp.ones(a.shape)))
 
 
 def length_clip_ratio(stopped: Sequence[bool]) -> float:

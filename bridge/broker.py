@@ -745,6 +745,7 @@ class Broker:
         now = time.monotonic()
         last10 = sum(1 for t in self.completions if t >= now - 10.0)
         counters = dict(self.counters)
+        self.journal.commit()  # the journal's counts then include this loop iteration's writes
         if self.auth is not None:
             counters["handshakes_refused"] = self.auth.refused
         return {

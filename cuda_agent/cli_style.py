@@ -55,8 +55,27 @@ def _plain(param):
     return param
 
 
+def unwrap_paragraphs(text: str) -> str:
+    """Each paragraph of a docstring on one line, so the help wraps it to the terminal. Typer joins the
+    lines of the first paragraph only and prints the others' line breaks as they are. A paragraph with an
+    indented or bulleted line (an example, a list) keeps its lines."""
+    paragraphs = []
+    for paragraph in text.split("\n\n"):
+        lines = paragraph.split("\n")
+        if any(line[:1].isspace() or line.lstrip().startswith(("-", "*")) for line in lines):
+            paragraphs.append(paragraph)
+        else:
+            paragraphs.append(" ".join(line.strip() for line in lines))
+    return "\n\n".join(paragraphs)
+
+
 class PlainCommand(TyperCommand):
-    """A command whose parameters are shown the plain way."""
+    """A command whose parameters are shown the plain way, its help text wrapped to the terminal."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.help:
+            self.help = unwrap_paragraphs(self.help)
 
     def get_params(self, ctx) -> list:
         return [_plain(param) for param in super().get_params(ctx)]

@@ -45,6 +45,34 @@ def _first_few(paths: list[str], n: int = 3) -> str:
     return ", ".join(paths[:n]) + (f" and {len(paths) - n} more" if len(paths) > n else "")
 
 
+def _leaf_name(entry) -> str:
+    """A path entry's name: dict keys, sequence indices and attribute names alike (Orbax saves all
+    three as dict keys)."""
+    for field in ("key", "idx", "name"):
+        if hasattr(entry, field):
+            return str(getattr(entry, field))
+    return str(entry)
+
+
+def _flat(tree) -> dict[str, Any]:
+    return {"/".join(_leaf_name(e) for e in path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def shape_mismatches(wanted: Any, saved: Any) -> list[str]:
+    """The leaves both trees name whose saved shape or dtype differs from the wanted one.
+
+    Leaves only one side names are left to Orbax, which refuses a different structure before it
+    reads anything; a different shape it finds only while reading, and leaves the other reads
+    pending when it fails."""
+    need, have = _flat(wanted), _flat(saved)
+    problems = []
+    for key in sorted(need.keys() & have.keys()):
+        a, b = need[key], have[key]
+        if tuple(a.shape) != tuple(b.shape) or jnp.dtype(a.dtype) != jnp.dtype(b.dtype):
+            problems.append(f"{key}: saved {tuple(b.shape)} {jnp.dtype(b.dtype)}, wanted {tuple(a.shape)} {jnp.dtype(a.dtype)}")
+    return problems
+
+
 class TrainCheckpointer:
     """Save and restore TrainStates under `directory` (local path or gs://), keeping the last `max_to_keep`."""
 
@@ -91,8 +119,13 @@ class TrainCheckpointer:
                 raise CheckpointError(f"no checkpoint in {self.directory}")
         elif step not in self.all_steps():
             raise CheckpointError(f"no checkpoint for step {step} in {self.directory} (have {self.all_steps()})")
+        wanted = _abstract_arrays_of(template)
+        mismatches = shape_mismatches(wanted, self._manager.item_metadata(step)["state"])
+        if mismatches:
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} does not fit this model/optimiser: "
+                                  f"{_first_few(mismatches)}")
         args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(_abstract_arrays_of(template)),
+            state=ocp.args.StandardRestore(wanted),
             data=ocp.args.JsonRestore(),
         )
         try:
@@ -109,6 +142,14 @@ class TrainCheckpointer:
             step=arrays["step"], params=arrays["params"], opt_state=arrays["opt_state"], rest=arrays["rest"]
         )
         return state, dict(restored["data"] or {})
+
+    def data(self, step: int) -> dict[str, Any]:
+        """The data position saved with `step`, without reading its arrays."""
+        restored = self._manager.restore(step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))
+        return dict(restored["data"] or {})
+
+    def delete(self, step: int) -> None:
+        self._manager.delete(step)
 
     def close(self) -> None:
         self._manager.wait_until_finished()

@@ -74,6 +74,21 @@ def export_actor(cfg: RunConfig, from_dir: str, out: str | Path, dtype: str | No
     return export_hf_checkpoint(state.module(), out, dtype=dtype, tokenizer_dir=tokenizer_dir)
 
 
+def common_step(checkpointers) -> int | None:
+    """The latest step every role saved: a stop between the actor's save and the critic's leaves
+    the actor one step ahead, and a resume takes both from the step they share (None: start over)."""
+    shared = set.intersection(*(set(ck.all_steps()) for ck in checkpointers))
+    return max(shared) if shared else None
+
+
+def drop_steps_after(step: int | None, checkpointers, stage: str, log) -> None:
+    """Delete the saves of a role that ran ahead of `step` (None: every save); they are trained again."""
+    for ck in checkpointers:
+        for ahead in [s for s in ck.all_steps() if step is None or s > step]:
+            ck.delete(ahead)
+            log({"stage": stage, "event": "dropped", "directory": ck.directory, "step": ahead})
+
+
 def run_stage(
     cfg: RunConfig,
     stage: str,
@@ -112,13 +127,18 @@ def run_stage(
         updates_per_step = (batch_size // min(cfg.ppo.mini_batch_size, batch_size)) * cfg.ppo.epochs
     try:
         for role in roles:
+            checkpointers[role] = TrainCheckpointer(checkpoint_dir(cfg, stage, role, checkpoint_root),
+                                                    max_to_keep=cfg.checkpoint.max_to_keep,
+                                                    save_every=cfg.checkpoint.save_every)
+        resume_step = common_step(checkpointers.values()) if resume else None
+        if resume:
+            drop_steps_after(resume_step, checkpointers.values(), stage, log)
+        for role in roles:
             state = new_state(role, cfg, mesh, init_from, steps * updates_per_step)
             source = actor_from if role == "actor" else critic_from
-            ck = TrainCheckpointer(checkpoint_dir(cfg, stage, role, checkpoint_root),
-                                   max_to_keep=cfg.checkpoint.max_to_keep, save_every=cfg.checkpoint.save_every)
-            checkpointers[role] = ck
-            if resume and ck.latest_step() is not None:
-                state, position = ck.restore(state)
+            ck = checkpointers[role]
+            if resume_step is not None:
+                state, position = ck.restore(state, resume_step)
                 log({"stage": stage, "event": "resumed", "role": role, "step": int(state.step), "position": position})
             elif source:
                 state = _params_from(source, state)

@@ -8,8 +8,9 @@ cuDNN attention) at sequence length 4096:
   * batch 8 (and 4) rows, with and without rematerialisation; peak device memory of each (one process per case).
 MFU = 3 x forward matmul FLOPs (projections, MLP, LM head, causal attention) x tokens / time,
 against 848 TFLOP/s, the bf16 matmul rate measured on an H200 (docs/paper.md §12).
-Correctness in the same run: at the first step (ratio = 1) the PPO loss equals -mean(A * w) over
-agent tokens computed here in NumPy; all metrics are finite; repeated steps on one batch lower the loss.
+Correctness in the same run: at the first step the PPO loss (ratio = 1) equals -mean(A * w) over agent
+tokens, and the value loss equals 0.5 x the mean squared error of the critic's values (read by a separate
+forward pass), both computed here in NumPy; all metrics are finite.
 
     python scripts/bench_policy_train.py            # the H200 figures (< 6 minutes)
     python scripts/bench_policy_train.py --quick    # tiny shapes, a smoke run on any machine
@@ -103,10 +104,14 @@ def run_case(role: str, rows: int, remat: bool, quick: bool) -> dict:
         model = init_sharded(lambda: Critic(model_cfg, rngs=nnx.Rngs(1)), mesh)
         state = create_train_state(model, make_optimizer(OptimizerConfig(learning_rate=1e-4), 100), mesh)
         returns = (rng.normal(size=action.shape) * action).astype(np.float32)
+        values_fn = jax.jit(lambda st, t, p, s: st.module()(t, p, s))
+        values = np.asarray(jax.device_get(values_fn(state, *place((tokens, pos, seg)))), np.float64)
         batch = place(ValueBatch(tokens_bt=tokens, positions_bt=pos, segment_ids_bt=seg, action_mask_bt=action,
                                  returns_bt=returns))
         step = make_critic_step(state, CriticObjective(), mesh)
-        expected_first = None
+        # Before any update the value loss is 0.5 x the mean squared error over agent tokens of the
+        # critic's values, read here by a separate forward pass.
+        expected_first = float(0.5 * (np.square(values - returns) * action).sum() / action.sum())
         loss_key = "value_loss"
 
     t0 = time.perf_counter()
@@ -129,8 +134,7 @@ def run_case(role: str, rows: int, remat: bool, quick: bool) -> dict:
         losses.append(float(metrics[loss_key]))
     last = {k: float(v) for k, v in jax.device_get(metrics).items()}
     checks["metrics_finite"] = all(np.isfinite(v) for v in last.values())
-    if role == "critic":  # the PPO loss on a fixed batch need not fall; the value regression must
-        checks["loss_goes_down"] = losses[-1] < first[loss_key]
+    checks["last_loss"] = losses[-1]  # reported, not checked: a few steps on noise targets need not lower it
     median = statistics.median(times)
     n_tokens = rows * seq
     flops = 3 * model_cfg.forward_flops_per_token(seq) * n_tokens

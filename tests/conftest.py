@@ -4,10 +4,16 @@ import tempfile
 from pathlib import Path
 
 # Tests that exercise sharding use 8 fake CPU devices; this must be set before JAX initialises.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+_XLA_FLAGS = "--xla_force_host_platform_device_count=8"
 if not os.environ.get("CUDA_AGENT_TEST_GPU"):
     # JAX tests run on the CPU (8 fake devices) unless a GPU run asks otherwise.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # The tests' tiny models spend most of their CPU time compiling. LLVM at -O1 instead of XLA's default
+    # compiled the policy and training tests with ~20 % less CPU and ran the on-policy loop's 4,096-token
+    # steps as fast (-O0 compiled faster still, but made those steps 1.5x slower). Floating-point semantics
+    # are unchanged (XLA's fast-math stays off); every tolerance stays as it is.
+    _XLA_FLAGS += " --xla_backend_optimization_level=1"
+os.environ.setdefault("XLA_FLAGS", _XLA_FLAGS)
 
 # One evaluator cache for the whole run, persistent across runs: the tests' own builds (evaluator_helpers'
 # build_cache), the evaluator workers the tests start and everything that uses the default cache share
@@ -18,11 +24,12 @@ os.environ.setdefault("CUDA_AGENT_CACHE", os.environ.get("CUDA_AGENT_TEST_CACHE"
 # One JAX compilation cache for the run, shared by the xdist workers and the processes tests start: a
 # program compiled once (the same tiny model's steps in several files, a CLI run and its resume) is
 # read back instead of compiled again. A fresh folder per run, removed at the end (pytest_unconfigure).
+# Programs that compile in 0.05 s or more are kept (0.3 s kept a third as many and saved 12 s less CPU).
 _JAX_CACHE_MADE_HERE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _JAX_CACHE_MADE_HERE = tempfile.mkdtemp(prefix="cuda-agent-tests-jax-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _JAX_CACHE_MADE_HERE
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.3")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.05")
 
 import pytest
 

@@ -41,6 +41,7 @@ def _raw():
     (lambda r: r["arms"].append({"name": "x", "temperature": 2}), "unknown keys in arm x"),
     (lambda r: r.update(seeds=[]), "seeds must be a non-empty list"),
     (lambda r: r.update(iterations=0), "iterations must be a positive integer"),
+    (lambda r: r.update(checkpoint_every=0), "checkpoint_every must be a positive integer"),
     (lambda r: r["run"]["model"].update(compute_dtype="float32"), "bf16 sampler head needs run.model.compute_dtype"),
     (lambda r: r["run"]["train"].update(seq_len=4), "shorter than the task's longest row"),
     (lambda r: r["run"]["ppo"].update(tis_cap=None), "needs run.ppo.tis_cap"),
@@ -65,6 +66,10 @@ def test_cli_bad_input_is_one_error_line_and_exit_2(tmp_path):
     runner = CliRunner()
     for args in (["ablate", "importance-ratio", "--config", str(bad)],
                  ["ablate", "importance-ratio", "--config", str(tmp_path / "missing.yaml")],
+                 ["ablate", "importance-ratio", "--config", str(REPO / "configs" / "ablation_tiny.yaml"),
+                  "--seeds", "0,x"],
+                 ["ablate", "importance-ratio", "--config", str(REPO / "configs" / "ablation_tiny.yaml"),
+                  "--seeds", "1,1"],
                  ["ablate", "report", str(tmp_path)]):
         result = runner.invoke(app, args)
         assert result.exit_code == 2, result.output

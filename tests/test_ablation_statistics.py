@@ -48,9 +48,14 @@ def test_correlation_explained_variance_length_clip():
     assert st.probability_correlation(np.log([0.1, 0.2, 0.3]), np.log([0.2, 0.4, 0.6])) == pytest.approx(1.0)
     assert st.probability_correlation(np.log([0.1, 0.2, 0.3]), np.log([0.3, 0.1, 0.2])) == pytest.approx(-0.5)
     assert math.isnan(st.probability_correlation(np.log([0.2, 0.2]), np.log([0.1, 0.3])))
-    # residual [0, 0, 0, -1]: variance 0.1875; returns' variance 1.25
-    assert st.explained_variance([1, 2, 3, 5], [1, 2, 3, 4]) == pytest.approx(1 - 0.1875 / 1.25)
-    assert math.isnan(st.explained_variance([1, 2], [3, 3]))
+    # residual [0, 0, 0, -1]: variance 0.1875; returns' variance 1.25 (the critic's own statistic, which
+    # the ablation records)
+    from policy_jax.rl.metrics import explained_variance
+
+    ones = np.ones((1, 4))
+    assert float(explained_variance(np.array([[1., 2, 3, 5]]), np.array([[1., 2, 3, 4]]), ones)) == pytest.approx(
+        1 - 0.1875 / 1.25)
+    assert math.isnan(float(explained_variance(np.array([[1., 2]]), np.array([[3., 3]]), np.ones((1, 2)))))
     assert st.length_clip_ratio([True, False, False, True]) == 0.5
 
 
@@ -98,3 +103,17 @@ def test_addition_task_and_its_reward():
     assert answer_reward([*answer, DIGIT0], answer) == 0.0  # "120" is another number
     assert answer_reward([DIGIT0 + 1, EOS], answer) == 0.0
     assert answer_reward([], answer) == 0.0
+
+
+def test_a_log_scaled_figure_with_nothing_positive_is_drawn_on_a_linear_axis(tmp_path):
+    """A probability bucket no token fell in has no ratio std (null in every record), and matched engines give
+    exactly 0: such a panel must still be drawn (on a log axis matplotlib raised and no report was written)."""
+    pytest.importorskip("matplotlib")
+    from ablations.plots import figure
+
+    empty = {"bf16": {0: [{"std": None}, {"std": None}]}, "fp32": {0: [{"std": None}], 1: [{"std": None}]}}
+    zeros = {"matched": {0: [{"std": 0.0}, {"std": 0.0}]}}
+    some = {"bf16": {0: [{"std": 0.5}, {"std": None}]}, **zeros}
+    for name, runs in (("empty.png", empty), ("zeros.png", zeros), ("some.png", some)):
+        assert figure(tmp_path, name, runs, [("p < 1e-4", ("std",))], "ratio std", log_y=True) == name
+        assert (tmp_path / name).stat().st_size > 0

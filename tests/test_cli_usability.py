@@ -129,3 +129,14 @@ def test_evaluate_says_each_step_and_its_timeout_stops_a_hanging_candidate(tmp_p
     steps = [line.split("] ", 1)[1] for line in result.stderr.splitlines() if line.startswith("[")]
     assert steps[0] == "starting the sandboxed children ..."
     assert "running the candidate's calls ..." in steps
+
+
+def test_help_paragraphs_are_rewrapped_but_examples_and_lists_keep_their_lines():
+    from cuda_agent.cli_style import unwrap_paragraphs
+
+    doc = "First line\nof the summary.\n\nResumable: a run\nthat stops resumes.\n\n" \
+          "    cuda-agent bench a\n    cuda-agent bench b\n\n- one\n- two"
+    assert unwrap_paragraphs(doc) == ("First line of the summary.\n\nResumable: a run that stops resumes.\n\n"
+                                      "    cuda-agent bench a\n    cuda-agent bench b\n\n- one\n- two")
+    out = CliRunner().invoke(app, ["ablate", "importance-ratio", "--help"], env={"COLUMNS": "200"}).output
+    assert "the states are checkpointed every `checkpoint_every` iterations (config); running" in out

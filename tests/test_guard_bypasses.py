@@ -200,11 +200,17 @@ def test_cpp_forms_are_rejected_in_both_formats(tmp_path, case):
         assert "build" not in record["wall_s"]  # rejected from the sources, before any build
 
 
+@pytest.mark.slow  # a torch build (the fast build cannot take ATen compute)
 def test_cpp_tensor_method_is_refused_at_run_time_too(build_cache):
+    """A binding that computes with ATen tensor methods is refused at the dispatcher when it runs
+    (docs/cheats.md #16), whatever the static checks say; the torch build made it, and the record says why
+    the fast build handed over."""
     solution = binding_with("", "out.copy_(x.mul(a).add(y));")
-    record = evaluate(AXPY_TASK, solution, host(build_cache, static_checks=False))
+    assert "torch_compute_cpp" in [f.reason for f in check_solution_sources(solution.files)]
+    record = evaluate(AXPY_TASK, solution, host(build_cache, static_checks=False))  # the run-time refusal
     assert record["status"] == "incorrect" and record["reward"] == -1, record["message"]
-    assert "not allowed" in record["message"], record["message"]
+    assert "mul" in record["message"] and "not allowed" in record["message"], record["message"]
+    assert record["build"]["path"] == "torch" and record["build"]["fast_fallback"]
 
 
 def test_honest_cpp_with_using_and_metadata_methods_passes(build_cache):

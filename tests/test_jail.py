@@ -211,6 +211,7 @@ def test_killing_the_launcher_or_its_parent_ends_the_jail(workdir):
 def test_exit_status_is_mirrored(workdir):
     assert run(spec_for(workdir), ["sh", "-c", "exit 7"]).returncode == 7
     assert run(spec_for(workdir), ["sh", "-c", "kill -SEGV $$"]).returncode == -signal.SIGSEGV
+    assert run(spec_for(workdir), ["sh", "-c", "kill -KILL $$"]).returncode == -signal.SIGKILL
     missing = run(spec_for(workdir), ["no-such-command-here"])
     assert missing.returncode == 127 and "command not found" in missing.stderr
     broken = run(spec_for(workdir, cwd="/no/such/folder"), ["true"])
@@ -225,6 +226,26 @@ def test_terminate_reaches_the_command(workdir):
     code = process.wait(timeout=10)
     assert code == 3 and "got TERM" in process.stdout.read(), (code, process.stderr.read())
 
+
+
+def test_terminate_sent_while_the_jail_is_being_built_is_not_lost(workdir):
+    # A sweep of moments from the launch through the building of the view and the start of the
+    # command: wherever the signal lands, the command ends by it (or the stage does, before it
+    # has a command to forward to).
+    lost = []
+    for step in range(50):
+        command = jail_command(spec_for(workdir), ["sleep", "60"])
+        process = subprocess.Popen(command.argv, env=command.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(step * 0.002)
+        process.terminate()
+        try:
+            code = process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = ("still running", process.wait())
+        if code != -signal.SIGTERM:
+            lost.append((step * 0.002, code, process.stderr.read().decode(errors="replace")))
+    assert not lost, lost
 
 # --- network, privileges, seccomp ------------------------------------------------------------------
 

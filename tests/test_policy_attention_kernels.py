@@ -8,25 +8,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from policy_jax.attention import segment_attention_mask
 from policy_jax.attention_dispatch import mesh_scope, resolve_attention_impl, segment_attention
 from policy_jax.blockwise_attention import blockwise_attention
 from policy_jax.splash_attention import splash_attention, splash_block
+from policy_helpers import attention_inputs, model_pair_on_packed_rows, plain_attention
 
 
 def _inputs(b=2, t=200, n=4, kv=2, h=32, seed=0):
-    rng = np.random.default_rng(seed)
-    q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
-    k = jnp.asarray(rng.standard_normal((b, t, kv, h)), jnp.float32)
-    v = jnp.asarray(rng.standard_normal((b, t, kv, h)), jnp.float32)
-    seg = np.ones((b, t), np.int32)
-    seg[0, 90:], seg[0, 150:] = 2, 3  # three packed documents in row 0, across kernel blocks
-    seg[-1, 170:] = 0  # right padding in the last row
-    return q, k, v, jnp.asarray(seg)
+    # three packed documents in row 0, across kernel blocks; right padding in the last row
+    return attention_inputs(b, t, n, kv, h, {(0, 90): 2, (0, 150): 3, (b - 1, 170): 0}, seed)
 
 
-def _plain(q, k, v, seg):
-    return jax.nn.dot_product_attention(q, k, v, mask=segment_attention_mask(seg), implementation="xla")
+_plain = plain_attention
 
 
 def _splash(q, k, v, seg):
@@ -102,20 +95,7 @@ def test_splash_over_a_mesh_equals_one_device():
 def test_the_model_gives_the_same_logits_with_splash_attention():
     from flax import nnx
 
-    from policy_helpers import random_model
-    from policy_jax.model_config import ModelConfig
-    from policy_jax.transformer import CausalLM
-
-    base = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=8, attention_bias=True, compute_dtype="float32")
-    plain = random_model(CausalLM, ModelConfig(**base), seed=5, scale=2.0)
-    splash = random_model(CausalLM, ModelConfig(**base, attention_impl="splash", attention_block_size=128), seed=5,
-                          scale=2.0)
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 29)))
-    seg = np.ones((2, 29), np.int32)
-    seg[0, 11:] = 2
-    seg[1, 25:] = 0
-    seg = jnp.asarray(seg)
+    plain, splash, tokens, seg = model_pair_on_packed_rows(attention_impl="splash", attention_block_size=128)
     forward = nnx.jit(lambda m, t, s: m(t, None, s))
     valid = np.asarray(seg) != 0
     np.testing.assert_allclose(np.asarray(forward(splash, tokens, seg))[valid],

@@ -6,23 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from policy_jax.attention import segment_attention_mask
 from policy_jax.blockwise_attention import blockwise_attention
+from policy_helpers import attention_inputs, model_pair_on_packed_rows, plain_attention
 
 
 def _inputs(b=2, t=37, n=4, kv=2, h=8, seed=0):
-    rng = np.random.default_rng(seed)
-    q = jnp.asarray(rng.standard_normal((b, t, n, h)), jnp.float32)
-    k = jnp.asarray(rng.standard_normal((b, t, kv, h)), jnp.float32)
-    v = jnp.asarray(rng.standard_normal((b, t, kv, h)), jnp.float32)
-    seg = np.ones((b, t), np.int32)
-    seg[0, 20:] = 2  # two packed documents in row 0
-    seg[-1, 30:] = 0  # right padding in the last row
-    return q, k, v, jnp.asarray(seg)
+    # two packed documents in row 0; right padding in the last row
+    return attention_inputs(b, t, n, kv, h, {(0, 20): 2, (b - 1, 30): 0}, seed)
 
 
-def _plain(q, k, v, seg):
-    return jax.nn.dot_product_attention(q, k, v, mask=segment_attention_mask(seg), implementation="xla")
+_plain = plain_attention
 
 
 @pytest.mark.parametrize("block_size", [1, 8, 16, 37, 64])
@@ -74,19 +67,7 @@ def test_bad_arguments_are_refused():
 def test_the_model_gives_the_same_logits_and_gradients_with_blockwise_attention():
     from flax import nnx
 
-    from policy_helpers import random_model
-    from policy_jax.model_config import ModelConfig
-    from policy_jax.transformer import CausalLM
-
-    base = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=8, attention_bias=True, compute_dtype="float32")
-    plain = random_model(CausalLM, ModelConfig(**base), seed=5, scale=2.0)
-    blocked = random_model(CausalLM, ModelConfig(**base, attention_impl="blockwise", attention_block_size=8), seed=5, scale=2.0)
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 29)))
-    seg = np.ones((2, 29), np.int32)
-    seg[0, 11:] = 2
-    seg[1, 25:] = 0
-    seg = jnp.asarray(seg)
+    plain, blocked, tokens, seg = model_pair_on_packed_rows(attention_impl="blockwise", attention_block_size=8)
     forward = nnx.jit(lambda m, t, s: m(t, None, s))
     valid = np.asarray(seg) != 0
     np.testing.assert_allclose(np.asarray(forward(blocked, tokens, seg))[valid], np.asarray(forward(plain, tokens, seg))[valid], atol=1e-4, rtol=0)

@@ -3,6 +3,7 @@ pairs, planted degenerate tasks rejected with their reasons, quotas, the journal
 
 import json
 import random
+import warnings
 
 import pytest
 import torch
@@ -66,11 +67,23 @@ def test_each_operator_shape_rule_matches_execution():
             except ShapeError:
                 continue
             x = torch.randn(shape).abs() + 1.0 if op["domain"] == "positive" else torch.tanh(torch.randn(shape))
-            with torch.no_grad():
+            with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 out = build_callable(op, args)(x)
             assert list(out.shape) == predicted, (op["name"], shape, args)
+            # The crawl keeps no call form torch warns about (ignored arguments, deprecated names).
+            assert not caught, (op["name"], shape, args, str(caught[0].message))
             checked += 1
     assert checked > 300
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_warns_every_time():
+    """torch's once-per-process C++ warnings fire on every call here (as in the crawl's probes)."""
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    yield
+    torch.set_warn_always(before)
 
 
 RENAMED_A = '''"""Scaled GELU."""

@@ -48,6 +48,7 @@ def test_resume_after_a_crash_loses_nothing(tmp_path):
     crashed = Synthesis(_options(tmp_path / "t.parquet", 10), progress=_crash_after(4))
     with pytest.raises(Crash):
         crashed.run()
+    assert crashed.pool.start_times and crashed.pool.live_workers() == 0  # the crash ended the workers
     before = list(crashed.journal.entries)
     assert len(before) == 4
     resumed = Synthesis(_options(tmp_path / "t.parquet", 10), progress=lambda line: None)

@@ -60,6 +60,20 @@ def test_stages_in_order_skip_when_finished_resume_when_interrupted_and_match_an
         for x, y in zip(a[role], b[role]):
             np.testing.assert_array_equal(x, y)
 
+    # Stopped between the PPO actor's save and the critic's: the actor is a step ahead, so both
+    # start again from the step they share (none here: from the earlier stages), as in run a.
+    with TrainCheckpointer(tmp_path / "b" / "ppo" / "critic") as ck:
+        ck.delete(ck.latest_step())
+    (tmp_path / "b" / "ppo" / "DONE.json").unlink()
+    events = []
+    run_pipeline(cfg, checkpoint_root=str(tmp_path / "b"), log=events.append)
+    ppo = [(e["event"], e.get("role") or e["step"]) for e in events if e.get("stage") == "ppo" and e.get("event") not in (None, "start")]
+    assert ppo[:3] == [("dropped", 1), ("initialised", "actor"), ("initialised", "critic")], ppo
+    c = final_params(cfg, tmp_path / "b")
+    for role in ("actor", "critic"):
+        for x, y in zip(a[role], c[role]):
+            np.testing.assert_array_equal(x, y)
+
     # Finished: every stage is skipped, nothing trains.
     events = []
     run_pipeline(cfg, checkpoint_root=str(tmp_path / "b"), log=events.append)

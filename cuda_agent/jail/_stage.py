@@ -370,15 +370,17 @@ def _arm_parent_death(alive_fd: int | None) -> None:
             pass
 
 
-def _run_command(plan: dict) -> None:
-    """In `command`: never returns."""
+def _run_command(plan: dict, exec_fd: int) -> None:
+    """In `command`: never returns. `exec_fd` is a close-on-exec pipe whose closing tells init
+    that this process has dropped its privileges (or ended)."""
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # a signal held for it arrives now
         os.setsid()
         if plan["drop"]:
             drop_privileges(plan)
         os.chdir(plan["cwd"])
         _apply_limits(plan["limits"])
-        keep = sorted({0, 1, 2, *plan["pass_fds"]})
+        keep = sorted({0, 1, 2, exec_fd, *plan["pass_fds"]})
         previous = -1
         for fd in keep + [2**31 - 1]:
             if fd > previous + 1:
@@ -425,15 +427,25 @@ def _fail(message: str, code: int) -> None:
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
+def _hold_signals() -> None:
+    """Block the forwarded signals until `_forward_signals` has a target: a signal that arrives
+    in between waits instead of being lost (pid 1 of a pid namespace drops one it has no handler
+    for, so a termination sent while the jail was being built never reached the command)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+
+
 def _forward_signals(pid: int) -> None:
+    """Forward the termination signals to `pid`, then deliver the ones held so far."""
+
     def forward(signum, frame):
         try:
             os.kill(pid, signum)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
 
     for signum in _FORWARDED:
         signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
 
 
 def _init(plan: dict, alive_fd: int, report_fd: int) -> None:
@@ -453,14 +465,20 @@ def _init(plan: dict, alive_fd: int, report_fd: int) -> None:
                 _ifup_loopback()
     except (SetupError, OSError) as error:
         report({"error": str(error)}, SETUP_FAILED)
+    exec_read, exec_write = os.pipe()  # close-on-exec: it closes when the command execs
     pid = os.fork()
     if pid == 0:
         os.close(report_fd)
-        _run_command(plan)
-    # The init keeps no privilege either; its parent-death signal is cleared by the uid change,
-    # so it is armed again (and the pipe closes the race).
+        os.close(exec_read)
+        _run_command(plan, exec_write)
+    os.close(exec_write)
+    # The init keeps no privilege either, but drops it only once the command has (a signal it
+    # forwards from a lower uid to a command still at a higher one would be refused); its
+    # parent-death signal is cleared by the uid change, so it is armed again (and the pipe
+    # closes the race).
     try:
         _forward_signals(pid)
+        _wait_until_closed(exec_read)
         if plan["drop"]:
             drop_privileges(plan)
             _arm_parent_death(alive_fd)
@@ -479,6 +497,12 @@ def _init(plan: dict, alive_fd: int, report_fd: int) -> None:
     if os.WIFSIGNALED(status):
         report({"signal": os.WTERMSIG(status)}, 128 + os.WTERMSIG(status))
     report({"exit": os.WEXITSTATUS(status)}, os.WEXITSTATUS(status))
+
+
+def _wait_until_closed(fd: int) -> None:
+    while os.read(fd, 1):
+        pass
+    os.close(fd)
 
 
 def _user_namespace_maps(uid: int, gid: int) -> None:
@@ -511,6 +535,7 @@ def main() -> None:
         _fail(f"jail: {error}", SETUP_FAILED)
     alive_read, alive_write = os.pipe()
     report_read, report_write = os.pipe()
+    _hold_signals()  # inherited by init, which keeps them held until it forwards them
     pid = os.fork()
     if pid == 0:
         os.close(alive_write)
@@ -530,20 +555,23 @@ def main() -> None:
     if "error" in outcome:
         _fail(f"jail: {outcome['error']}", SETUP_FAILED)
     if "signal" in outcome:
-        signum = outcome["signal"]
         for forwarded in _FORWARDED:
             signal.signal(forwarded, signal.SIG_DFL)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        os._exit(128 + signum)
+        _die_by(outcome["signal"])
     if "exit" in outcome:
         os._exit(outcome["exit"])
     # init itself was killed (SIGKILL from outside): report it the same way.
     if os.WIFSIGNALED(status):
-        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-        os.kill(os.getpid(), os.WTERMSIG(status))
-        os._exit(128 + os.WTERMSIG(status))
+        _die_by(os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else SETUP_FAILED)
+
+
+def _die_by(signum: int) -> None:
+    """End this process by `signum` (SIGKILL and SIGSTOP take no handler, so theirs is not reset)."""
+    if signum not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)
 
 
 if __name__ == "__main__":

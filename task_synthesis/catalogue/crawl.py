@@ -11,6 +11,7 @@ output twice, and not its input unchanged; otherwise it is recorded with the rea
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import random
 import re
@@ -105,15 +106,32 @@ def _probe_shape(op: dict, shape: list[int], domain: str) -> str | None:
     try:
         fn = build_callable(op, args)
         x = _float_input(shape, domain)
-        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught, _every_warning():
             warnings.simplefilter("always")
             out, *runs = (fn(x.clone()) for _ in range(3))
     except Exception as exc:
         return _short(exc)
-    deprecated = next((str(w.message) for w in caught if "deprecat" in str(w.message).lower()), None)
+    messages = [str(w.message) for w in caught]
+    deprecated = next((m for m in messages if "deprecat" in m.lower()), None)
     if deprecated:
         return f"deprecated call form: {deprecated.splitlines()[0]}"[:160]
+    if messages:  # a call form torch warns about (say, arguments it ignores) is not one to teach
+        return f"warns: {messages[0].splitlines()[0]}"[:160]
     return _check_output(op, x, out, expected, runs)
+
+
+@contextlib.contextmanager
+def _every_warning():
+    """torch's C++ warnings that fire once per process fire on every call inside (a probe must not
+    miss one because an earlier probe or test triggered it first)."""
+    import torch
+
+    before = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        yield
+    finally:
+        torch.set_warn_always(before)
 
 
 def _ranks(op: dict, domain: str = "real") -> tuple[list[int], str | None]:

@@ -1,2 +1,2 @@
-"""The programmatic composer: plans of up to five operators chained by shape inference, and
-their task sources in the standard layout."""
+"""The composers: plans of up to five operators chained by shape inference, rendered as task sources
+in the standard layout (programmatic) or written from the same plans by a model (LLM)."""

@@ -1,7 +1,8 @@
 """The in-process stage of the execution filter (run in a worker process, never in the parent).
 
 Stages, in order, each a rejection reason of its own: `memory` (inputs, parameters and every
-tensor of the forward against the bound), `load` (the source runs, Model builds), `eager` (the
+tensor of the forward against the bound), `load` (the source runs, Model builds), `inputs` (the
+input shapes a task was asked for, when it was asked: an LLM's task), `eager` (the
 forward runs), `output` (one floating tensor of the inferred shape, finite), `deterministic`
 (the same inputs twice give the same output), `input_dependent` (inputs from another seed give
 another output; an output below the tolerance everywhere counts as degenerate too: an all-zero
@@ -95,13 +96,22 @@ def _median_ms(model, inputs) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def run_checks(name: str, source: str, expected_shape, shapes, window_ms, memory_bytes: int) -> dict:
-    """Every in-process check; returns what was measured (eager_ms, bytes), raises Rejected."""
+def _check_inputs(inputs: list, expected: list | None) -> None:
+    got = [list(v.shape) if hasattr(v, "shape") else type(v).__name__ for v in inputs]
+    if expected is not None and got != [list(s) for s in expected]:
+        raise Rejected("inputs", f"get_inputs() gave {got}, the task was asked for {[list(s) for s in expected]}")
+
+
+def run_checks(name: str, source: str, expected_shape, shapes, window_ms, memory_bytes: int,
+               input_shapes: list | None = None) -> dict:
+    """Every in-process check; returns what was measured (eager_ms, bytes), raises Rejected.
+    `input_shapes`: the shapes get_inputs() must give (None: not checked)."""
     import torch
 
     namespace, model = _load(name, source)
     parameter_bytes = _nbytes([*model.parameters(), *model.buffers()])
     inputs = _inputs(namespace, 1)
+    _check_inputs(inputs, input_shapes)
     if shapes is None:  # no plan (an LLM's task): the input and output are what is known
         shapes = [list(v.shape) for v in inputs if isinstance(v, torch.Tensor)]
     total = check_memory(shapes, parameter_bytes, memory_bytes)

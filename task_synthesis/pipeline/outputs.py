@@ -1,7 +1,8 @@
 """What a run leaves: the parquet file in the Ops-6K layout, the similarity plot and the Markdown report.
 
 Parquet columns: `name` (the bench's row name), `code` (the task source), `ops` (the seed
-operators in order), `data_source`, `composition` (1-5 or transformers), `num_ops`, the input
+operators in order), `data_source` (`task_synthesis/programmatic` or `task_synthesis/llm`, the
+composer that wrote it), `composition` (1-5 or transformers), `num_ops`, the input
 and output shapes (JSON), the eager time measured in the filter, the evaluator's eager and
 torch.compile times (when profiled), the highest similarity to an evaluation program, the seed.
 """
@@ -13,8 +14,9 @@ import re
 from collections import Counter
 from pathlib import Path
 
-STAGES = ("compose", "decontaminate", "duplicate", "memory", "load", "eager", "output", "deterministic",
-          "input_dependent", "window", "evaluator", "compile", "worker", "filter_error")
+STAGES = ("compose", "reply", "syntax", "screen", "decontaminate", "duplicate", "memory", "load", "inputs", "eager",
+          "output", "deterministic", "input_dependent", "window", "timeout", "evaluator", "compile", "worker",
+          "filter_error")
 
 
 def kept_entries(entries: list[dict]) -> list[dict]:
@@ -30,7 +32,7 @@ def write_parquet(entries: list[dict], out: Path, backend: str) -> int:
         "name": [e["name"] for e in rows],
         "code": [e["source"] for e in rows],
         "ops": pa.array([list(e["ops"]) for e in rows], type=pa.list_(pa.string())),
-        "data_source": ["task_synthesis/programmatic"] * len(rows),
+        "data_source": [f"task_synthesis/{e.get('composer', 'programmatic')}" for e in rows],
         "composition": [e["category"] for e in rows],
         "num_ops": [len(e["ops"]) for e in rows],
         "input_shapes": [json.dumps([e["input_shape"]]) for e in rows],
@@ -96,9 +98,11 @@ def write_report(entries: list[dict], quotas: dict, composition: dict, wall_s: f
     kept = kept_entries(entries)
     total_share = sum(composition.values())
     by_category = Counter(e["category"] for e in kept)
+    llm = settings.get("composer")
+    composer = f"the LLM composer ({llm['model']})" if llm else "the programmatic composer"
     lines = ["# Synthesised tasks", "",
-             f"{len(kept)} tasks kept of {len(entries)} candidates; backend {settings.get('backend')}, "
-             f"scale {settings['config']['scale']}, seed {settings.get('seed')}.", "",
+             f"{len(kept)} tasks kept of {len(entries)} candidates, written by {composer}; backend "
+             f"{settings.get('backend')}, scale {settings['config']['scale']}, seed {settings.get('seed')}.", "",
              "## Composition against the target", "", "| category | target % | quota | kept | kept % |",
              "|---|---:|---:|---:|---:|"]
     for category, share in composition.items():

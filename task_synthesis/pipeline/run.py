@@ -1,10 +1,15 @@
-"""The synthesis run: compose, screen by similarity, filter by execution in worker processes, keep.
+"""The synthesis run: draft, screen, check similarity, filter by execution in worker processes, keep.
 
-The parent composes each candidate from its own seed, drops it when it is too similar to an
-evaluation program (decontamination) or to a task already kept (near-duplicate), and hands the
-rest to a pool of worker processes (filter/worker.py). Candidates are drawn for the category
-furthest below its quota (quotas.py), so the kept set follows the target composition. Every
-decision goes to the journal before the next one; a resumed run replays the journal.
+The parent drafts each candidate from its own seed (compose/drafts.py: the programmatic composer
+renders its plan at once; the LLM composer's drafts are written by a model on background
+threads), screens its source statically (filter/screen.py: the source is parsed, never run
+here), drops it when it is too similar to an evaluation program (decontamination) or to a task
+already kept (near-duplicate), and hands the rest to the filter's workers (filter/pool.py:
+long-lived processes, each in its own jail, running filter/worker.py on one candidate at a time;
+the run alone writes the journal and treats their verdicts as untrusted data). Candidates are
+drawn for the category furthest below its quota (quotas.py), so the kept set follows the target
+composition whichever composer writes them. Every decision goes to the journal before the next
+one; a resumed run replays the journal.
 """
 
 from __future__ import annotations
@@ -13,16 +18,19 @@ import concurrent.futures as futures
 import contextlib
 import dataclasses
 import hashlib
-import multiprocessing
 import signal
 import threading
 import time
 from pathlib import Path
 
 from ..catalogue import store
-from ..compose.composer import compose
-from ..compose.render import render
+from ..compose.chat_client import ChatSettings, EndpointError
+from ..compose.drafts import DraftRejected, ProgrammaticComposer, start_draft
 from ..config import SynthesisConfig
+from ..filter.execution import Rejected
+from ..filter.launch import Launcher, WorkerLimits, evaluator_inside, jail_problem
+from ..filter.pool import WorkerPool
+from ..filter.screen import screen
 from ..similarity.score import SimilarityIndex, fingerprint
 from .journal import Journal, journal_path
 from .quotas import quotas
@@ -49,20 +57,6 @@ def stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _stop_workers(pool) -> None:
-    """End the pool now: SIGTERM to each worker (each closes its evaluator children as it exits),
-    then SIGKILL to any still alive after a grace period."""
-    workers = multiprocessing.active_children()
-    for worker in workers:
-        worker.terminate()
-    deadline = time.monotonic() + 20.0
-    for worker in workers:
-        worker.join(max(0.0, deadline - time.monotonic()))
-        if worker.is_alive():
-            worker.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
-
-
 class SynthesisError(ValueError):
     """Bad input to a run (no such folder, an unusable count); str() is one line."""
 
@@ -78,6 +72,26 @@ class RunOptions:
     eval_dir: Path | None = None
     catalogue: Path | None = None
     cache_dir: str | None = None
+    llm: ChatSettings | None = None  # the LLM composer's endpoint (None: the programmatic composer)
+    unjailed_workers: bool = False  # run the filter's workers without the jail (see filter/launch.py)
+    worker_limits: WorkerLimits | None = None  # None: WorkerLimits.for_backend(backend)
+    skip_screen_for_tests_only: bool = False  # candidates reach the workers unscreened: for tests of the jail
+
+
+def workers_jailed(options: RunOptions) -> tuple[bool, str | None]:
+    """(whether the filter's workers run in the jail, a line to show the user or None). A model's code runs
+    only in jailed workers unless the run opts out; where the jail cannot be built, the programmatic
+    composer's tasks (our own code) run in plain workers."""
+    if options.unjailed_workers:
+        return False, ("warning: --unjailed-workers: the model's code runs unjailed, as this user"
+                       if options.llm is not None else None)
+    problem = jail_problem()
+    if problem is None:
+        return True, None
+    if options.llm is not None:
+        raise SynthesisError(f"--composer llm runs a model's code only in jailed workers, and the jail cannot be "
+                             f"built here ({problem}); --unjailed-workers runs it unjailed")
+    return False, f"note: the filter's workers run unjailed: the jail cannot be built here ({problem})"
 
 
 def candidate_seed(seed: int, category: str, index: int) -> int:
@@ -116,7 +130,10 @@ class Synthesis:
         if options.out.suffix != ".parquet":
             raise SynthesisError(f"--out must name a .parquet file, got {options.out}")
         self.o, self.say = options, progress
+        self.jailed, self.jail_note = workers_jailed(options)
+        self.limits = options.worker_limits or WorkerLimits.for_backend(options.backend)
         self.operators = store.load(options.catalogue)["operators"]
+        self.composer = _composer(options, self.operators)
         self.eval_index = load_eval_index(options.eval_dir)
         self.quotas = quotas(options.count, options.config.composition)
         self.journal = Journal(journal_path(options.out), self._settings())
@@ -131,9 +148,12 @@ class Synthesis:
     def _settings(self) -> dict:
         catalogue = Path(self.o.catalogue or store.DEFAULT_PATH).read_bytes()
         evals = sorted(self.eval_index.names)
-        return {"config": self.o.config.to_dict(), "seed": self.o.seed, "backend": self.o.backend,
-                "catalogue_sha256": hashlib.sha256(catalogue).hexdigest()[:16],
-                "eval_programs_sha256": hashlib.sha256("\n".join(evals).encode()).hexdigest()[:16]}
+        settings = {"config": self.o.config.to_dict(), "seed": self.o.seed, "backend": self.o.backend,
+                    "catalogue_sha256": hashlib.sha256(catalogue).hexdigest()[:16],
+                    "eval_programs_sha256": hashlib.sha256("\n".join(evals).encode()).hexdigest()[:16]}
+        if self.o.llm is not None:  # absent for the programmatic composer: its journals stay resumable
+            settings["composer"] = {"name": "llm", "model": self.o.llm.model}
+        return settings
 
     def journal_settings(self) -> dict:
         return self._settings()
@@ -167,18 +187,38 @@ class Synthesis:
         self.next_index[category] += 1
         return f"{category}:{index}", index
 
-    def _candidate(self, category: str) -> tuple[dict, dict | None]:
-        """(journal entry so far, worker job or None when screened out already)."""
+    def _start(self, category: str) -> tuple[dict, futures.Future]:
+        """(journal entry so far, future of its draft)."""
         key, index = self._next_key(category)
         seed = candidate_seed(self.o.seed, category, index)
         entry = {"key": key, "category": category, "index": index, "seed": seed, "name": task_name(category, index)}
+        if self.composer.name != "programmatic":
+            entry["composer"] = self.composer.name
+        return entry, start_draft(self.composer, category, seed)
+
+    def _drafted(self, entry: dict, future: futures.Future) -> tuple[dict, dict | None]:
+        """(journal entry, worker job or None when screened out already)."""
         try:
-            plan = compose(category, self.operators, seed, self.o.config.scale)
+            draft = future.result()
+        except EndpointError:
+            raise
+        except DraftRejected as exc:
+            return {**entry, "status": "rejected", "stage": exc.stage, "reason": exc.reason, "reply": exc.reply}, None
         except Exception as exc:
             return {**entry, "status": "rejected", "stage": "compose", "reason": str(exc)[:200]}, None
-        source = render(plan)
-        entry.update(ops=plan.ops, input_shape=plan.input_shape, output_shape=plan.output_shape, source=source)
-        fp = fingerprint(source)
+        plan, source = draft.plan, draft.source
+        entry = {**entry, "ops": plan.ops, "input_shape": plan.input_shape, "output_shape": plan.output_shape,
+                 "source": source}
+        try:
+            if not self.o.skip_screen_for_tests_only:
+                screen(source)
+        except Rejected as exc:
+            return {**entry, "status": "rejected", "stage": exc.stage, "reason": exc.reason}, None
+        return self._similar(entry, plan)
+
+    def _similar(self, entry: dict, plan) -> tuple[dict, dict | None]:
+        """Decontamination and near-duplicates; then the worker job."""
+        fp = fingerprint(entry["source"])
         threshold = self.o.config.similarity_threshold
         entry["eval_similarity"], entry["eval_nearest"] = self.eval_index.nearest(fp)
         if entry["eval_similarity"] >= threshold:
@@ -188,9 +228,12 @@ class Synthesis:
         if near >= threshold:
             reason = f"similarity {near:.2f} to {name}"
             return {**entry, "status": "rejected", "stage": "duplicate", "reason": reason}, None
-        job = {"key": key, "name": entry["name"], "source": source, "expected_shape": plan.output_shape,
-               "shapes": plan.shapes(), "window_ms": self.o.config.window(self.o.backend),
-               "memory_bytes": self.o.config.memory_bytes, "evaluator": self._evaluator_settings()}
+        job = {"key": entry["key"], "name": entry["name"], "source": entry["source"],
+               "expected_shape": plan.output_shape, "shapes": plan.shapes(),
+               "window_ms": self.o.config.window(self.o.backend), "memory_bytes": self.o.config.memory_bytes,
+               "evaluator": self._evaluator_settings()}
+        if entry.get("composer"):  # written by a model: it must also take the input it was asked to take
+            job["input_shapes"] = [plan.input_shape]
         return entry, job
 
     def _evaluator_settings(self) -> dict | None:
@@ -198,7 +241,8 @@ class Synthesis:
             return None
         from ..filter.evaluator_stage import evaluator_settings
 
-        return evaluator_settings(self.o.backend, self.o.config.compile, self.o.cache_dir)
+        settings = evaluator_settings(self.o.backend, self.o.config.compile, self.o.cache_dir)
+        return evaluator_inside(settings, self.limits) if self.jailed else settings
 
     # --- deciding -------------------------------------------------------------------------------
 
@@ -209,8 +253,8 @@ class Synthesis:
                 near, name = self.kept_index.nearest(fingerprint(entry["source"]), self.o.config.similarity_threshold)
                 if near >= self.o.config.similarity_threshold:
                     entry.update(status="rejected", stage="duplicate", reason=f"similarity {near:.2f} to {name}")
-        if entry["status"] != "kept":
-            entry.pop("source", None)  # the seed gives it again; the journal stays small
+        if entry["status"] != "kept" and not entry.get("composer"):
+            entry.pop("source", None)  # the seed gives it again; the journal stays small (a model's reply is kept)
         self.journal.add(entry)
         self._count(entry)
         self._report_progress(entry)
@@ -223,47 +267,70 @@ class Synthesis:
 
     def run(self) -> dict:
         """Synthesise until every quota is met or its attempts are spent; returns the kept count per category.
-        SIGTERM or Ctrl-C stops the workers (and the evaluator's children under them) and raises Stopped:
-        the journal keeps every decision, so running again resumes."""
-        context = multiprocessing.get_context("spawn")
-        from ..filter.worker import filter_candidate, start_worker
-
-        in_flight: dict = {}  # future -> entry
-        pool = futures.ProcessPoolExecutor(self.o.workers, mp_context=context, initializer=start_worker)
+        SIGTERM or Ctrl-C stops the workers (and the evaluator's children under them) and raises Stopped;
+        an LLM endpoint that cannot answer stops them too and raises EndpointError, workers that cannot
+        start WorkersCannotStart. The journal keeps every decision, so running again resumes."""
+        drafting: dict = {}  # future of a draft -> entry
+        filtering: dict = {}  # future of a worker's verdict -> entry
+        self.pool = WorkerPool(Launcher(self.o.backend, self.jailed, self.limits), self.o.workers)
         try:
             with stop_on_sigterm():
-                self._loop(pool, in_flight, filter_candidate)
+                self._loop(drafting, filtering)
         except (Stopped, KeyboardInterrupt):
-            _stop_workers(pool)
+            self.pool.stop()
             raise Stopped(f"stopped with {len(self.journal.entries)} candidates decided; "
-                          f"{len(in_flight)} in flight are lost, run the same command to resume") from None
-        pool.shutdown(wait=True)
+                          f"{len(drafting) + len(filtering)} in flight are lost, run the same command to resume") \
+                from None
+        except BaseException:  # EndpointError, WorkersCannotStart, or a fault of the run: no worker outlives it
+            self.pool.stop()
+            raise
+        self.pool.close()
         return dict(self.kept)
 
-    def _loop(self, pool, in_flight: dict, filter_candidate) -> None:
-        """Submit candidates while quotas are open and workers free; decide each as it finishes."""
-        while True:
-            counts = {}
-            for entry in in_flight.values():
-                counts[entry["category"]] = counts.get(entry["category"], 0) + 1
-            open_ = self._deficits(counts)
-            if open_ and len(in_flight) < self.o.workers:
-                entry, job = self._candidate(open_[0])
-                if job is None:
-                    self._decide(entry, None)
-                else:
-                    in_flight[pool.submit(filter_candidate, job)] = entry
-                continue
-            if not in_flight:
-                break
-            finished, _ = futures.wait(in_flight, return_when=futures.FIRST_COMPLETED)
-            for future in finished:
-                entry = in_flight.pop(future)
-                self._decide(entry, self._result(future, entry))
+    def _open_categories(self, drafting: dict, filtering: dict) -> list[str]:
+        counts: dict = {}
+        for entry in [*drafting.values(), *filtering.values()]:
+            counts[entry["category"]] = counts.get(entry["category"], 0) + 1
+        return self._deficits(counts)
 
-    @staticmethod
-    def _result(future, entry: dict) -> dict:
-        try:
-            return future.result()
-        except Exception as exc:  # the worker process died under this candidate
-            return {"status": "rejected", "stage": "worker", "reason": f"worker process failed: {exc}"[:200]}
+    def _room(self, drafting: dict, filtering: dict) -> bool:
+        """A new draft may start: the workers' share plus the composer's drafts in flight leave room."""
+        concurrency = self.composer.concurrency
+        return len(drafting) + len(filtering) < self.o.workers + concurrency and len(drafting) < max(1, concurrency)
+
+    def _loop(self, drafting: dict, filtering: dict) -> None:
+        """Draft candidates while quotas are open and there is room; screen each draft as it is made, hand
+        it to a worker, decide each as its worker finishes."""
+        while True:
+            open_ = self._open_categories(drafting, filtering)
+            if open_ and self._room(drafting, filtering):
+                entry, future = self._start(open_[0])
+                if future.done():  # a programmatic draft: screened at once, in a reproducible order
+                    self._screened(filtering, entry, future)
+                else:
+                    drafting[future] = entry
+                continue
+            if not drafting and not filtering:
+                break
+            finished, _ = futures.wait([*drafting, *filtering], return_when=futures.FIRST_COMPLETED)
+            for future in [f for f in [*drafting, *filtering] if f in finished]:  # in the order they started
+                if future in drafting:
+                    self._screened(filtering, drafting.pop(future), future)
+                else:
+                    entry = filtering.pop(future)
+                    self._decide(entry, future.result())  # a verdict, or a `worker` rejection (filter/pool.py)
+
+    def _screened(self, filtering: dict, entry: dict, future) -> None:
+        entry, job = self._drafted(entry, future)
+        if job is None:
+            self._decide(entry, None)
+        else:
+            filtering[self.pool.submit(job)] = entry
+
+
+def _composer(options: RunOptions, operators: list[dict]):
+    if options.llm is None:
+        return ProgrammaticComposer(operators, options.config.scale)
+    from ..compose.llm_composer import LLMComposer
+
+    return LLMComposer(operators, options.config.scale, options.llm, concurrency=options.workers)

@@ -1,0 +1,54 @@
+"""Stopping a run on SIGTERM or Ctrl-C without tearing what it writes.
+
+While `StopSignals` is active (main thread only), SIGTERM and SIGINT raise `Stopped`, except inside
+`held()`: there the signal is kept until the block ends, so an iteration's checkpoint and its record are
+written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+
+
+class Stopped(RuntimeError):
+    """SIGTERM or Ctrl-C stopped the run; what it saved stays, and the same command resumes it."""
+
+
+class StopSignals:
+    def __init__(self) -> None:
+        self._holding = 0
+        self._pending: str | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in _NAMES:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._holding:
+            self._pending = self._pending or _NAMES[signum]
+            return
+        raise Stopped(_NAMES[signum])
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A block no stop interrupts; a signal that arrives meanwhile stops the run when it ends."""
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+        if self._pending and not self._holding:
+            raise Stopped(self._pending)

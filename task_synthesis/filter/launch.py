@@ -1,0 +1,132 @@
+"""How a filter worker is started: in cuda_agent.jail's jail (the default), or as a plain process where the
+jail is off.
+
+A jailed worker gets a uid of its own, its own mount, pid, network, IPC and UTS namespaces, no
+capabilities, seccomp, a fixed environment and rlimits (address space, processes, file size, open
+files). It sees the system folders, the Python installation and the packages it runs (task_synthesis,
+evaluator_cuda, cuda_agent), all read-only, and a private /tmp (a tmpfs of `scratch_bytes`) that holds
+the evaluator's workspaces and caches: never the user's home or caches, never the run's output folder.
+The jail cannot be nested, so the evaluator inside runs its children without its own jail; the
+worker's jail holds them too (same uid, namespaces and limits). On the cuda backend the GPU device
+nodes and the driver's libraries are shown as the evaluator shows them to its own jailed children.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cuda_agent.jail as jail
+from cuda_agent.jail import uids
+from evaluator_cuda.isolation.sandbox import DEFAULT_FILE_SIZE_LIMIT, HARNESS_PACKAGES, JAIL_ENV_FIXED, JAIL_ENV_KEEP
+
+GiB = 1024**3
+PACKAGE = Path(__file__).resolve().parents[1]
+ROOT = str(PACKAGE.parent)
+SCRATCH = "/tmp"  # the jail's private tmpfs
+WORKER_ARGV = ("-m", "task_synthesis.filter.worker_main")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerLimits:
+    """Limits of one worker and everything it starts. `memory_bytes` is RLIMIT_AS of each of those
+    processes (None: no limit; the default on cuda, where the driver reserves far more address space
+    than it uses, as the evaluator does for its own children)."""
+
+    memory_bytes: int | None = 8 * GiB
+    scratch_bytes: int = 2 * GiB
+    processes: int = 4096
+    open_files: int = 4096
+    job_timeout_s: float = 1800.0  # one candidate, in-process checks and evaluator together
+    start_timeout_s: float = 300.0  # from the start to the worker's first frame
+    uid_base: int = 400_000  # the evaluator's children use 300000 up, agent episodes 200000 up
+
+    @classmethod
+    def for_backend(cls, backend: str, **overrides) -> "WorkerLimits":
+        base = {"memory_bytes": None} if backend == "cuda" else {}
+        return cls(**{**base, **overrides})
+
+
+def jail_problem() -> str | None:
+    """Why this machine cannot build the jail (None: it can)."""
+    machine = jail.probe()
+    if machine["namespaces"] and machine["seccomp"]:
+        return None
+    return machine["reason"] or "the jail's namespaces cannot be made here"
+
+
+def evaluator_inside(settings: dict | None, limits: WorkerLimits) -> dict | None:
+    """The evaluator's settings for a jailed worker: no jail of its own (it cannot be nested), no namespace
+    or process limit of its own (the worker's jail has them), its children's address space no larger than
+    the worker's (an rlimit cannot be raised), its cache in the worker's private /tmp."""
+    if settings is None:
+        return None
+    inside = {**settings, "jail_children": False, "require_jail": False, "isolate_network": False,
+              "child_max_processes": 0, "cache_dir": f"{SCRATCH}/cuda-agent-cache"}
+    if limits.memory_bytes:
+        asked = settings.get("child_memory_bytes") or limits.memory_bytes
+        inside["child_memory_bytes"] = min(limits.memory_bytes, asked)
+    return inside
+
+
+def _environment() -> dict[str, str]:
+    kept = {k: v for k, v in os.environ.items() if k in JAIL_ENV_KEEP}
+    python_path = ROOT if ROOT == JAIL_ENV_FIXED["PYTHONPATH"] else f"{ROOT}:{JAIL_ENV_FIXED['PYTHONPATH']}"
+    return {**kept, **JAIL_ENV_FIXED, "PYTHONPATH": python_path, "PYTHONDONTWRITEBYTECODE": "1",
+            "CUDA_AGENT_CACHE": f"{SCRATCH}/cuda-agent-cache"}
+
+
+def worker_spec(backend: str, limits: WorkerLimits, uid: int) -> jail.JailSpec:
+    gpu = backend == "cuda"
+    packages = {str(p) for p in (*HARNESS_PACKAGES, PACKAGE)}
+    binds = (*jail.python_binds(), *(jail.Bind(p) for p in sorted(packages)),
+             *(jail.nvidia_library_binds() if gpu else ()))
+    memory = limits.memory_bytes
+    rlimits = jail.Limits(address_space_bytes=memory, data_bytes=memory, processes=limits.processes,
+                          file_size_bytes=DEFAULT_FILE_SIZE_LIMIT, open_files=limits.open_files)
+    return jail.JailSpec(binds=binds, uid=uid, cwd=SCRATCH, env=_environment(), limits=rlimits,
+                         path=os.path.dirname(sys.executable) + ":" + jail.DEFAULT_PATH,
+                         devices=jail.gpu_devices() if gpu else (), tmp_bytes=limits.scratch_bytes,
+                         shm_bytes=256 * 1024**2, die_with_parent=True, require=True)
+
+
+@dataclasses.dataclass
+class Started:
+    process: subprocess.Popen
+    uid: int | None  # the jail's claimed uid, released when the worker is gone
+
+
+class Launcher:
+    """Starts workers for one run: jailed or plain, for a backend, within `limits`."""
+
+    def __init__(self, backend: str, jailed: bool, limits: WorkerLimits):
+        self.backend, self.jailed, self.limits = backend, jailed, limits
+
+    def start(self) -> Started:
+        """A new worker (call from the thread that outlives it: the jail dies with its starting thread)."""
+        uid = uids.claim_uid(self.limits.uid_base) if self.jailed and jail.probe()["root"] else None
+        try:
+            argv, env = self._command(uid)
+            process = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, start_new_session=True)
+        except BaseException:
+            self.release(uid)
+            raise
+        return Started(process, uid)
+
+    def _command(self, uid: int | None) -> tuple[list[str], dict[str, str]]:
+        argv = [sys.executable, *WORKER_ARGV]
+        if not self.jailed:
+            python_path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+            return argv, {**os.environ, "PYTHONPATH": python_path}
+        command = jail.jail_command(worker_spec(self.backend, self.limits, uid or jail.NOBODY), argv)
+        return command.argv, command.env
+
+    @staticmethod
+    def release(uid: int | None) -> None:
+        """Kill whatever still runs as the worker's uid and free the uid."""
+        if uid is not None:
+            uids.release_uid(uid)
