@@ -25,6 +25,10 @@ from pathlib import Path
 from .extension.build import build_workspace
 from .extension.diagnostics import located, shown_to_agent
 from .extension.torch_build import build_env
+from .gpu_work import attribute_kernels, trace_env, withhold_unbelievable_times
+from .timing.host_baselines import host_baselines
+from .timing.host_pin import choose_cpu
+from .timing.stability import baseline_protocol, timing_se_bound, unstable_times
 from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from .isolation.static_checks import check_solution_sources
 from .progress import say
@@ -85,7 +89,8 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
     try:
         # The children start first, so that they warm while the sources are checked and built.
         say("starting the sandboxed children")
-        slot = _STANDBY.take(build_env(settings), child_guard(settings), settings.device_type())
+        slot = _STANDBY.take({**build_env(settings), **trace_env(settings)}, child_guard(settings),
+                             settings.device_type())
         record["children_warm_s"] = round(time.monotonic() - slot.started_at, 4)
         _evaluate(task, solution, settings, artifact, record, slot)
     except Verdict as verdict:
@@ -174,9 +179,11 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
             _STANDBY.refill(slot.env, slot.guard, slot.device_type)
         expected = _expected_outputs(reference, calls, checks["outputs"], timed.seeds, settings)
         _judge_outputs(calls, expected, settings, record)
+        trace = attribute_kernels(candidate, solution, extension, settings, record)
         record["wall_s"]["verify"] = round(time.perf_counter() - begin, 4)
         if settings.profile:
             _record_times(reference, task, calls, timed, expected, settings, record, begin)
+            withhold_unbelievable_times(calls, trace, settings, record)
     finish(record, "correct")
 
 
@@ -271,8 +278,9 @@ def _load(reference: Child, candidate: Child, task: Task, solution: Solution, se
     seeds = [secrets.randbits(31) for _ in range(settings.checks)]
     record["seeds"] = {"init": init_seed, "inputs": seeds}
     device = settings.device_type()
+    pinning = _host_pinning(settings)
     reference.submit({"cmd": "load", "task_name": task.name, "task_source": task.source, "device": device,
-                      "init_seed": init_seed})
+                      "init_seed": init_seed, **pinning})
     candidate.submit({
         "cmd": "load", "format": solution.format, "entry": solution.entry, "solution_dir": str(solution_dir),
         "extension_path": str(extension) if extension else None, "task_name": task.name,
@@ -280,12 +288,21 @@ def _load(reference: Child, candidate: Child, task: Task, solution: Solution, se
         "binding_runtime": str(runtime) if runtime else None,
         "task_source": task.source, "device": device,
         "block_torch": settings.block_torch and solution.format != "reference",
+        **pinning,
     })
+    record["host_timing"] = pinning or None
     loaded = _reference_loaded(reference, settings)
     record["device"] = loaded.get("device_name")
     record["versions"].update(torch=loaded.get("torch_version"), cuda=loaded.get("cuda_version"))
     _candidate_loaded(candidate, solution, settings)
     return loaded, seeds
+
+
+def _host_pinning(settings: EvalSettings) -> dict:
+    """Threads and CPU of both children's timed calls on the host backend (timing/host_pin.py)."""
+    if settings.device_type() != "cpu":
+        return {}
+    return {"host_threads": settings.host_threads, "host_cpu": choose_cpu() if settings.host_pin_cpu else None}
 
 
 def _reference_loaded(reference: Child, settings: EvalSettings) -> dict:
@@ -387,6 +404,8 @@ class _Calls:
     outputs: dict  # position -> (output, the candidate's description of its tensors), checked calls only
     times: list  # per-call device times (µs) after the warm-up
     walls: list  # per-call wall times (µs) after the warm-up
+    outside: list = dataclasses.field(default_factory=list)  # per-call round trips (µs), the parent's clock
+    timed_positions: list = dataclasses.field(default_factory=list)  # positions of the timed calls
 
 
 def _run_calls(candidate: Child, check_inputs: list, timed: _TimedSets, settings: EvalSettings,
@@ -399,7 +418,10 @@ def _run_calls(candidate: Child, check_inputs: list, timed: _TimedSets, settings
     limit = call_timeout(record.get("reference_call_s"), settings)
     for position, (kind, index) in enumerate(schedule):
         timeout = min(settings.child_timeout_s, limit + (settings.first_call_extra_s if position == 0 else 0.0))
-        answer = reply(candidate, requests.request(position, (kind, index)), timeout, harness=False)
+        request = {**requests.request(position, (kind, index)), "position": position}
+        sent = time.perf_counter()
+        answer = reply(candidate, request, timeout, harness=False)
+        outside_us = (time.perf_counter() - sent) * 1e6
         if not answer.get("ok"):
             raise candidate_failure(answer)
         if kind == "check" or position in sampled:
@@ -409,6 +431,8 @@ def _run_calls(candidate: Child, check_inputs: list, timed: _TimedSets, settings
         if position >= settings.warmup:
             calls.times.append(answer.get("time_us"))
             calls.walls.append(answer.get("wall_us"))
+            calls.outside.append(outside_us)
+            calls.timed_positions.append(position)
     # CUDA: whether the driver demoted persisting L2 lines before every call (docs/cheats.md #19)
     on_cuda = settings.device_type() == "cuda"
     record["persisting_l2_reset"] = (answer.get("l2_resets") == len(schedule)) if on_cuda and schedule else None
@@ -501,8 +525,7 @@ def _record_times(reference: Child, task: Task, calls: _Calls, timed: _TimedSets
 def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dict) -> dict:
     """The eager and torch.compile times of the task: from the cache, or measured now in the
     reference child (the candidate's child is idle then)."""
-    protocol = {"warmup": settings.warmup, "repeats": settings.repeats, "l2_flush_bytes": settings.l2_flush_bytes,
-                "backend": settings.backend}
+    protocol = baseline_protocol(settings)
     torch_version = record["versions"].get("torch") or ""
     key = baseline_key(task.source, record["device"] or "", torch_version, settings.compile_mode, protocol)
     cache = BaselineCache(settings.cache_path() / "baselines")
@@ -511,14 +534,22 @@ def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dic
     if baselines is None:
         say("measuring the eager and torch.compile baselines (cached afterwards)")
         begin = time.perf_counter()
-        request = {"cmd": "baselines", "compile_mode": settings.compile_mode, **protocol}
-        measured = reply(reference, request, settings.child_timeout_s, harness=True)
-        if not measured.get("ok"):
-            raise reference_failure(measured)
+        if settings.device_type() == "cpu":  # one request per call, as the candidate's calls come
+            measured = host_baselines(reference, settings, timing_se_bound(settings))
+        else:
+            request = {"cmd": "baselines", "compile_mode": settings.compile_mode, **protocol,
+                       "se_bound": timing_se_bound(settings), "budget_s": settings.baseline_budget_s}
+            measured = reply(reference, request, settings.child_timeout_s, harness=True)
+            if not measured.get("ok"):
+                raise reference_failure(measured)
         baselines = {k: measured.get(k) for k in ("eager", "compile", "compile_error", "compile_first_call_s")}
         baselines.update(task=task.name, device=record["device"], torch=record["versions"].get("torch"),
                          compile_mode=settings.compile_mode)
-        cache.put(key, baselines)
+        unstable = unstable_times({k: baselines.get(k) for k in ("eager", "compile")}, timing_se_bound(settings))
+        if unstable:  # measured again next time, on a quieter machine perhaps
+            record["baseline_not_cached"] = unstable
+        else:
+            cache.put(key, baselines)
         record["wall_s"]["baselines"] = round(time.perf_counter() - begin, 4)
     return baselines
 

@@ -70,6 +70,22 @@ class EvalSettings:
     fresh_input_bytes: int = 1024**3  # budget for distinct timed input sets; beyond it the sets rotate
     reject_precision_downgrade: bool = False  # flag (False) or reject (True) outputs below the dtype's precision
     peak_bandwidth: float = H200_PEAK_BANDWIDTH  # the speed-of-light bound of a call (docs/cheats.md #18)
+    # CUDA: CUPTI records every GPU activity of the candidate's calls (verdict/attribution.py). Work
+    # outside the candidate's extension is rejected; copies, fills and memsets may take this share of it.
+    kernel_attribution: bool = True
+    # Host timing (timing/host_pin.py): torch's threads in both children, all on one CPU per evaluation.
+    host_threads: int = 1
+    host_pin_cpu: bool = True
+    # A time earns a speed-up reward only when its median is known well enough for the margin: the
+    # median's relative standard error (about 0.93 * IQR / median / sqrt(n)) at most this (None: margin / 2).
+    # Baselines are re-timed in rounds until they meet it or `baseline_budget_s` is spent; unmet: not cached.
+    timing_se_bound: float | None = None
+    baseline_budget_s: float = 4.0
+    data_movement_share: float = 0.5
+    # The speed-up reward is withheld (reward 1 at most) when the traced GPU work of the timed calls
+    # spans longer than their events by more than this fraction plus slack (docs/cheats.md #23).
+    span_tolerance: float = 0.10
+    span_slack_us: float = 5.0
     child_memory_bytes: int | None = None  # RLIMIT_AS of candidate/build children; None: 32 GiB on host, none on CUDA
     child_max_processes: int = 256  # RLIMIT_NPROC above the user's current count (not enforced for root)
     child_cpu_seconds: int = 3600  # RLIMIT_CPU of a child

@@ -7,7 +7,9 @@ precision and speed-of-light flags, sandbox) and the CUDA-only planted cheats, i
 
 Expected: every example `correct` except `*__wrong` (`incorrect`); `sol_violation` false;
 `downgrade_suspected` false; `persisting_l2_reset` true on every evaluation that reached its calls; the side-stream and L2-window cheats `incorrect` with their
-`rejected` reason; the illegal-address kernel `runtime_error` with needs_recycle true.
+`rejected` reason; the illegal-address kernel `runtime_error` with needs_recycle true; with the static
+checks off, ATen compute hidden from the runtime guard rejected by the kernel trace (`foreign_kernels`)
+and work moved off the timed window `correct` with its speed-up withheld (reward 1 at most).
 """
 
 from __future__ import annotations
@@ -40,19 +42,25 @@ def main() -> int:
     from evaluator_cuda.settings import EvalSettings
     from evaluator_cuda.solutions import Solution, discover_solutions, read_solution
     from evaluator_cuda.tasks import load_tasks
-    from evaluator_helpers import AXPY_TASK, L2_KERNEL, STREAM_KERNEL, workspace
+    from evaluator_helpers import (ATEN_BEHIND_THE_GUARD, AXPY_TASK, HIDDEN_STREAM_KERNEL, L2_KERNEL, STREAM_KERNEL,
+                                   TOKEN_KERNEL, workspace)
 
     cache = os.environ.get("CUDA_AGENT_CACHE") or tempfile.mkdtemp(prefix="hardening-gpu-")
     settings = EvalSettings.for_backend("cuda", cache_dir=cache)
     rows = []
 
-    def run(label: str, task, solution, expect: str) -> None:
+    def run(label: str, task, solution, expect: str, case_settings=None, rejected=None, withheld=False) -> None:
         begin = time.perf_counter()
-        record = evaluate(task, solution, settings)
+        record = evaluate(task, solution, case_settings or settings)
         times = record["times_us"].get("candidate") or {}
+        ok = record["status"] == expect and (rejected is None or record.get("rejected") == rejected)
+        if withheld:  # right output, times that cannot be believed: no speed-up reward
+            ok = ok and bool(record.get("speedup_withheld")) and (record.get("reward") or 0) <= 1
         rows.append({
-            "case": label, "expect": expect, "status": record["status"], "ok": record["status"] == expect,
-            "rejected": record.get("rejected"), "median_us": times.get("median_us"), "wall_median_us": times.get("wall_median_us"),
+            "case": label, "expect": expect, "status": record["status"], "ok": ok,
+            "rejected": record.get("rejected"), "reward": record.get("reward"),
+            "withheld": (record.get("speedup_withheld") or [None])[0],
+            "kernels": {k: (record.get("kernels") or {}).get(k) for k in ("own_us", "data_us", "own_kernels")}, "median_us": times.get("median_us"), "wall_median_us": times.get("wall_median_us"),
             "speedup_eager": record["speedup"]["eager"], "sol_violation": record.get("sol_violation"),
             "downgrade": (record.get("precision") or {}).get("downgrade_suspected"), "needs_recycle": record.get("needs_recycle", False),
             "persisting_l2_reset": record.get("persisting_l2_reset"),
@@ -69,6 +77,17 @@ def main() -> int:
         files.pop("kernels/axpy.cpp")
         files["kernels/axpy.cu"] = kernel.encode()
         run(label, AXPY_TASK, Solution("workspace", files, "model_new.py", "axpy"), expect)
+    # Past the static checks (off here), what only the GPU's own record shows: ATen compute hidden from
+    # the runtime guard (rejected), and the work moved off the timed window (no speed-up reward).
+    unchecked = EvalSettings.for_backend("cuda", cache_dir=cache, static_checks=False)
+    for label, kernel, body, expect, why in (
+            ("cheat_aten_hidden_from_guard", TOKEN_KERNEL, ATEN_BEHIND_THE_GUARD, "incorrect", "foreign_kernels"),
+            ("cheat_work_off_the_window", HIDDEN_STREAM_KERNEL, "", "correct", None)):
+        files = dict(workspace(binding_body=body).files)
+        files.pop("kernels/axpy.cpp")
+        files["kernels/axpy.cu"] = kernel.encode()
+        run(label, AXPY_TASK, Solution("workspace", files, "model_new.py", "axpy"), expect, unchecked, why,
+            withheld=why is None)
 
     print(f"\n{'case':28} {'expect':14} {'status':14} {'rejected':14} {'median_us':>10} {'wall_us':>10} {'x eager':>8} {'sol!':>5} {'bf16?':>5} {'recyc':>5} {'wall_s':>6}")
     for r in rows:

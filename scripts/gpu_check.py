@@ -11,7 +11,8 @@ do not depend on the timings; each lane builds into its own cache):
 and beside it, one after the other:
 2. the `cuda`-marked tests, on 4 workers;
 3. the CUDA cheat forms (side stream, persisting-L2 window) rejected, an illegal address a
-   `runtime_error`;
+   `runtime_error`; past the static checks, ATen compute hidden from the runtime guard rejected by
+   the kernel trace and work moved off the timed window denied its speed-up;
 4. the small-output cases: an honest wide softmax `correct` on every seed, zeros, a constant,
    permuted rows and a rescaled output `incorrect`, a reference that ignores its inputs a
    `task_error`.
@@ -34,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-TOTAL_LIMIT_S = 290  # the whole check, set-up included, within five minutes
+TOTAL_LIMIT_S = 320  # the whole check, set-up included, within about five minutes
 CUDA_TEST_FILES = ["tests/test_evaluator_examples.py", "tests/test_examples_cuda_build.py", "tests/test_fastbuild.py", "tests/test_hardening_cheats.py"]
 
 
@@ -123,6 +124,8 @@ def bench_verdicts(report_path: Path, solutions: Path) -> list[str]:
                 problems.append(f"{path.name}: expected incorrect/-1, got {record['status']}/{record['reward']}: {record['message'][:120]}")
         elif record["status"] != "correct" or not isinstance(record["reward"], (int, float)) or record["reward"] < 1:
             problems.append(f"{path.name}: expected correct with reward >= 1, got {record['status']}/{record['reward']}: {record['message'][:120]}")
+        elif record.get("speedup_withheld"):
+            problems.append(f"{path.name}: an honest kernel's speed-up withheld: {record['speedup_withheld'][0][:160]}")
     return problems
 
 
@@ -176,7 +179,7 @@ def main() -> int:
     rc, tail = step("cuda_tests", [sys.executable, "-m", "pytest", "-v", "-m", "cuda", "-p", "no:cacheprovider", "--tb=short", "--timeout=100", "-n", "4", *CUDA_TEST_FILES], 120)
     if rc != 0:
         summary["failures"].append("cuda tests: " + last_line(tail, rc))
-    rc, tail = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 40)
+    rc, tail = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 150)
     if rc != 0:
         summary["failures"].append("cheat forms: " + last_line(tail, rc))
     rc, tail = step("small_outputs", [sys.executable, "scripts/check_small_outputs.py", "--backend", "cuda", "--honest-runs", "1"], 130)

@@ -154,6 +154,48 @@ extern "C" void axpy_launcher(const float* x, const float* y, float* out, float 
 """
 
 
+# CUDA forms of docs/cheats.md #23 (scripts/check_hardening_gpu.py, static checks off to reach run time):
+# one token kernel on out[0], the rest computed by ATen from the binding with the Python dispatch
+# keys excluded (the runtime guard never sees it; the kernel trace does) ...
+TOKEN_KERNEL = """#include <cuda_runtime.h>
+#include <cstdint>
+__global__ void axpy_first(const float* x, const float* y, float* out, float a, int64_t n) {
+  if (threadIdx.x == 0 && blockIdx.x == 0 && n > 0) out[0] = a * x[0] + y[0];
+}
+extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream) {
+  (void)config;
+  axpy_first<<<1, 32, 0, (cudaStream_t)stream>>>(x, y, out, a, n);
+}
+"""
+ATEN_BEHIND_THE_GUARD = """{
+    c10::impl::ExcludeDispatchKeyGuard hidden(c10::DispatchKeySet({c10::DispatchKey::Python,
+                                                                   c10::DispatchKey::PythonTLSSnapshot}));
+    out.copy_(x.mul(a).add(y));
+  }"""
+# ... and the whole axpy on a side stream that waits for the call's start but not its end: the
+# events around the call see almost nothing, the device-wide synchronize still gets a right output.
+HIDDEN_STREAM_KERNEL = """#include <cuda_runtime.h>
+#include <cstdint>
+__global__ void axpy_slow(const float* x, const float* y, float* out, float a, int64_t n) {
+  long long begin = clock64();
+  while (clock64() - begin < 200000) {}
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = a * x[i] + y[i];
+}
+extern "C" void axpy_launcher(const float* x, const float* y, float* out, float a, int64_t n, int config, void* stream) {
+  (void)config;
+  static cudaStream_t side = nullptr;
+  static cudaEvent_t ready = nullptr;
+  if (!side) {
+    cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
+  }
+  cudaEventRecord(ready, (cudaStream_t)stream);
+  cudaStreamWaitEvent(side, ready, 0);
+  axpy_slow<<<16, 256, 0, side>>>(x, y, out, a, n);
+}
+"""
+
 # Small outputs scored at their own scale: a plain softmax over wide rows (every value far below
 # atol), the example row-softmax kernel as the honest answer and four wrong ones, each computed
 # by the kernel itself (the torch-compute guard would refuse zero_() or fill_() before the check). Shared by

@@ -125,8 +125,10 @@ def _plant_baselines(cache_dir: str, settings: EvalSettings, eager_us: float, co
 
     from evaluator_cuda.roles.reference import device_name
 
-    protocol = {"warmup": settings.warmup, "repeats": settings.repeats, "l2_flush_bytes": settings.l2_flush_bytes, "backend": settings.backend}
-    key = baseline_key(AXPY_TASK.source, device_name("cpu"), torch.__version__, settings.compile_mode, protocol)
+    from evaluator_cuda.timing.stability import baseline_protocol
+
+    key = baseline_key(AXPY_TASK.source, device_name("cpu"), torch.__version__, settings.compile_mode,
+                       baseline_protocol(settings))
     stats = lambda us: {"median_us": us, "mean_us": us, "std_us": 0.0, "min_us": us, "max_us": us, "p25_us": us, "p75_us": us, "n": 1}  # noqa: E731
     cache = BaselineCache(Path(cache_dir) / "baselines")
     cache.put(key, {"eager": stats(eager_us), "compile": stats(compile_us)})
@@ -135,7 +137,7 @@ def _plant_baselines(cache_dir: str, settings: EvalSettings, eager_us: float, co
 
 def test_baseline_cache_hit_skips_timing_and_sets_the_reward(tmp_path):
     """Planted baselines are used as they are: no re-timing, and the reward follows them."""
-    settings = host(str(tmp_path), profile=True)
+    settings = host(str(tmp_path), profile=True, timing_se_bound=1e9)  # the reward rule, not the noise
     _plant_baselines(str(tmp_path), settings, eager_us=1e9, compile_us=1e9)
     record = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
     assert record["status"] == "correct", record["message"]
@@ -151,7 +153,7 @@ def test_baseline_cache_hit_skips_timing_and_sets_the_reward(tmp_path):
 @pytest.mark.slow
 def test_baseline_cache_miss_measures_once(tmp_path):
     """First evaluation times eager and torch.compile and stores them; the second reuses them."""
-    settings = host(str(tmp_path), profile=True, repeats=3, warmup=1)
+    settings = host(str(tmp_path), profile=True, repeats=3, warmup=1, timing_se_bound=1e9)  # the cache, not the noise
     first = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
     assert first["status"] == "correct", first["message"]
     assert first["baseline_cache_hit"] is False and "baselines" in first["wall_s"]

@@ -310,7 +310,8 @@ HARNESS_ROOT = str(HARNESS_PACKAGES[0].parent)
 # Variables a jailed child may get from its Child's env (everything else is dropped); those naming
 # cache folders of the host are pointed inside the jail's private /tmp instead.
 JAIL_ENV_KEEP = (CHANNEL_FD_ENV, LIMITS_ENV, "CUDA_AGENT_CHILD_WARM", "CUDA_AGENT_BINDING_RUNTIME",
-                 "TORCH_CUDA_ARCH_LIST", "PYTHONDONTWRITEBYTECODE", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+                 "CUDA_AGENT_TRACE_KERNELS", "TORCH_CUDA_ARCH_LIST", "PYTHONDONTWRITEBYTECODE", "CUDA_VISIBLE_DEVICES",
+                 "CUDA_DEVICE_ORDER", "CXX", "CUDA_HOME")  # the last two: set by the harness (build_env)
 JAIL_ENV_FIXED = {
     "PYTHONPATH": HARNESS_ROOT,
     "PYTHONNOUSERSITE": "1",

@@ -20,6 +20,7 @@ from ..isolation.guard_lock import lock_guard_switches, precision_settings
 from ..isolation.torch_guard import ForbiddenGuardSwitch, ForbiddenTorchCompute, take_refusals
 from ..isolation.wire import describe_tensors
 from ..tasks import TaskError, exec_task
+from ..timing import host_pin
 from ..timing import profile as _profile  # noqa: F401  (binds the harness clock before candidate code loads)
 from .errors import HandlerError, one_line
 
@@ -101,6 +102,8 @@ class CandidateRole:
         self.stored: dict = {}  # id -> (device values, values as received) of sets that later calls reuse
         self.l2_resets = 0  # calls before which the driver demoted persisting L2 lines (CUDA)
         self.precision_at_start: dict = {}  # torch's precision settings before candidate code loaded
+        self.timing_state: tuple = ()  # host: torch's threads and this thread's CPUs, set at load
+        take_refusals()  # a role starts with no refusal on record (one role per process in a child)
 
     def do_load(self, req: dict) -> dict:
         self.device = req["device"]
@@ -109,6 +112,8 @@ class CandidateRole:
         sys.path.insert(0, str(solution_dir))
         import torch  # noqa: F401  (torch before any extension)
 
+        if req.get("host_threads"):  # before any candidate code: threads and CPU of the timed calls
+            self.timing_state = host_pin.pin(req["host_threads"], req.get("host_cpu"))
         if self.device == "cuda":
             _profile.bind_cuda_timing()  # before any candidate code can rebind torch.cuda's timing functions
 
@@ -190,6 +195,7 @@ class CandidateRole:
         import torch
 
         from ..isolation.torch_guard import refuse_torch_compute
+        from ..timing.kernel_trace import call_range
         from ..timing.profile import flush_l2, poison_allocator, reset_persisting_l2, time_one_call
 
         if self.model is None:
@@ -207,7 +213,8 @@ class CandidateRole:
         model = self.model
         try:
             with torch.no_grad(), refuse_torch_compute(self.block_torch):
-                out, time_us, wall_us = time_one_call(lambda: model(*args), self.device)
+                out, time_us, wall_us = time_one_call(lambda: model(*args), self.device,
+                                                      call_range(int(req.get("position", 0))))
         except ForbiddenTorchCompute as exc:
             self._check_guard(exc)
             raise HandlerError("forbidden", str(exc), _candidate_traceback(exc)) from None
@@ -215,6 +222,9 @@ class CandidateRole:
             self._check_guard(exc)
             raise HandlerError("runtime", f"forward raised {one_line(exc)}", _candidate_traceback(exc)) from None
         self._check_guard(None)
+        if self.timing_state and host_pin.state() != self.timing_state:
+            raise HandlerError("timing_setting", "candidate code changed the thread count or CPU affinity "
+                                                 f"of the timed calls ({self.timing_state} -> {host_pin.state()})")
         self._check_call(out, args, pristine, calls_before)
         described = describe_tensors(out)  # class and device as forward returned them, before the host copy
         copied = _copy_out(out)
@@ -222,6 +232,12 @@ class CandidateRole:
         self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]
         return {"output": copied, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
                 "l2_resets": self.l2_resets}
+
+    def do_kernel_trace(self, req: dict) -> dict:
+        """What ran on the GPU during each call (timing/kernel_trace.py); ends the trace."""
+        from ..timing.kernel_trace import collect
+
+        return {"trace": collect()}
 
     def _check_guard(self, raised: BaseException | None) -> None:
         """Reject what candidate code did to the guard, whatever it caught: an off switch it reached for

@@ -16,6 +16,7 @@ import traceback
 from ..isolation import wire
 from ..isolation.sandbox import (CHANNEL_FD_ENV, LIMITS_ENV, SLOT_DIR_ENV, WARM_ENV, limit_resources, remove_slot_dir,
                                  warm_up)
+from ..timing.kernel_trace import TRACE_ENV, start_trace
 from .errors import HandlerError, one_line
 
 
@@ -43,8 +44,11 @@ def serve(role: str) -> None:
     handler = _handlers(role)
     warm = os.environ.pop(WARM_ENV, "")
     slot_dir = os.environ.pop(SLOT_DIR_ENV, "")  # set for the reference child of an evaluation slot
+    trace = os.environ.pop(TRACE_ENV, "")
     if warm:  # started ahead of its evaluation: pay for torch and the CUDA context now, before any request
         warm_up(warm)
+    if trace and role == "candidate" and warm == "cuda":  # before any candidate code loads
+        start_trace()
     while True:
         try:
             request = wire.recv_message(sock)

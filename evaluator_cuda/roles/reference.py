@@ -81,6 +81,8 @@ class ReferenceRole:
         self.model = None
         self.device = "cpu"
         self.timing_inputs = None
+        self.compiled = None  # torch.compile of the model, for the per-call host baselines
+        self.block_sizes: list[int] = []  # output sizes of the last baseline call (poisoned before the next)
         self.timed_outputs: dict = {}  # seed -> reference output of a timed input set
         self.generate_on_device = True
 
@@ -97,6 +99,10 @@ class ReferenceRole:
 
         self.task_name = req["task_name"]
         self.device = req["device"]
+        if req.get("host_threads"):
+            from ..timing import host_pin
+
+            host_pin.pin(req["host_threads"], req.get("host_cpu"))
         try:
             self.namespace = exec_task(self.task_name, req["task_source"])
             init_inputs = _check_inputs(self.task_name, "get_init_inputs",
@@ -180,6 +186,37 @@ class ReferenceRole:
             raise HandlerError("task", str(exc)) from None
         return {"inputs": inputs}
 
+    def do_prepare_compiled(self, req: dict) -> dict:
+        """torch.compile of the task's model, called once (the per-call host baselines time it next)."""
+        import torch
+
+        mode = req.get("compile_mode") or "default"
+        try:
+            self.compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
+            begin = time.perf_counter()
+            with torch.no_grad():
+                self.compiled(*self.timing_inputs)
+            return {"first_call_s": time.perf_counter() - begin}
+        except Exception as exc:
+            self.compiled = None
+            return {"error": one_line(exc)}
+
+    def do_time_call(self, req: dict) -> dict:
+        """One baseline call the way the candidate child makes each of its calls (timing/host_baselines.py):
+        fresh copies of the inputs, freed blocks poisoned, then the timed call alone."""
+        import torch
+
+        from ..timing.profile import poison_allocator, time_one_call
+
+        model = self.model if req["which"] == "eager" else self.compiled
+        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.timing_inputs]
+        poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)
+        with torch.no_grad():
+            out, time_us, _ = time_one_call(lambda: model(*args), self.device)
+        self.block_sizes = [t.numel() * t.element_size() for t in (out if isinstance(out, (list, tuple)) else [out])
+                            if isinstance(t, torch.Tensor)][-4:]
+        return {"time_us": time_us}
+
     def do_outputs(self, req: dict) -> dict:
         """Reference outputs of timed input sets (kept since do_inputs)."""
         missing = [seed for seed in req["seeds"] if int(seed) not in self.timed_outputs]
@@ -190,13 +227,12 @@ class ReferenceRole:
     def do_baselines(self, req: dict) -> dict:
         import torch
 
-        from ..timing.profile import summarize_times, time_forward
-
         args = self.timing_inputs
         kwargs = dict(warmup=int(req["warmup"]), repeats=int(req["repeats"]), device_type=self.device,
                       l2_flush_bytes=int(req["l2_flush_bytes"]))
-        eager_samples, _ = time_forward(lambda: self.model(*args), **kwargs)
-        result = {"eager": summarize_times(eager_samples), "compile": None, "compile_error": None}
+        bound, budget = req.get("se_bound"), float(req.get("budget_s") or 0.0)
+        eager = _timed_until_stable(lambda: self.model(*args), kwargs, bound, budget / 2)
+        result = {"eager": eager, "compile": None, "compile_error": None}
         mode = req.get("compile_mode") or "default"
         try:
             compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
@@ -205,8 +241,23 @@ class ReferenceRole:
                 compiled(*args)
             _sync(self.device)
             result["compile_first_call_s"] = time.perf_counter() - begin
-            compile_samples, _ = time_forward(lambda: compiled(*args), **kwargs)
-            result["compile"] = summarize_times(compile_samples)
+            result["compile"] = _timed_until_stable(lambda: compiled(*args), kwargs, bound, budget / 2)
         except Exception as exc:
             result["compile_error"] = one_line(exc)
         return result
+
+
+def _timed_until_stable(call, kwargs: dict, bound: float | None, budget_s: float) -> dict:
+    """Times of `call` in rounds of `repeats` until the median's relative standard error is at most
+    `bound` or `budget_s` is spent; the summary says how many rounds it took."""
+    from ..timing.profile import summarize_times, time_forward
+
+    begin = time.perf_counter()
+    samples, _ = time_forward(call, **kwargs)
+    rounds = 1
+    while bound is not None and (summarize_times(samples)["median_rel_se"] or 0.0) > bound \
+            and time.perf_counter() - begin < budget_s:
+        more, _ = time_forward(call, **{**kwargs, "warmup": 0})
+        samples += more
+        rounds += 1
+    return {**summarize_times(samples), "rounds": rounds}

@@ -8,6 +8,7 @@ a list of per-call times in microseconds, summarised by its median and spread.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -65,8 +66,18 @@ POISON_BYTES = (0xFF, 0x7F)
 HOST_MMAP_THRESHOLD_MAX = 32 * 1024**2  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 
 
+def median_rel_se(iqr: float, median: float, n: int) -> float | None:
+    """The relative standard error of a median of n samples, from their interquartile range: the
+    median's error is about 1.2533 * sigma / sqrt(n), and sigma about IQR / 1.349 for a normal spread.
+    None when it cannot be told (fewer than two samples, a zero median)."""
+    if n < 2 or median <= 0:
+        return None
+    return 1.2533 * (iqr / 1.349) / math.sqrt(n) / median
+
+
 def summarize_times(samples_us: list[float]) -> dict:
-    """Median and spread of per-call times (µs): median, mean, std, min, max, p25, p75, n."""
+    """Median and spread of per-call times (µs): median, mean, std, min, max, p25, p75, n, and the
+    median's relative standard error."""
     if not samples_us:
         raise ValueError("no timing samples")
     ordered = sorted(samples_us)
@@ -77,8 +88,11 @@ def summarize_times(samples_us: list[float]) -> dict:
         lo, hi = math.floor(pos), math.ceil(pos)
         return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
+    median = statistics.median(ordered)
+    iqr = quantile(0.75) - quantile(0.25)
     return {
-        "median_us": statistics.median(ordered),
+        "median_rel_se": median_rel_se(iqr, median, n),
+        "median_us": median,
         "mean_us": statistics.fmean(ordered),
         "std_us": statistics.pstdev(ordered) if n > 1 else 0.0,
         "min_us": ordered[0],
@@ -144,8 +158,9 @@ def flush_l2(buffer) -> None:
         buffer.zero_()
 
 
-def time_one_call(call, device_type: str):
-    """(output, device_time_us, wall_time_us) of one call.
+def time_one_call(call, device_type: str, window=None):
+    """(output, device_time_us, wall_time_us) of one call; `window`: a context entered around the
+    events and the call (the kernel trace's range of this call).
 
     CUDA: events around the call on the current stream, then a device-wide synchronize (work
     left on other streams finishes before the wall clock stops); the wall time (which also
@@ -163,9 +178,10 @@ def time_one_call(call, device_type: str):
         start, end = event(enable_timing=True), event(enable_timing=True)
         sleep(LAUNCH_PAD_CYCLES)
         begin = _clock_ns()
-        record(start)
-        output = call()
-        record(end)
+        with window or contextlib.nullcontext():
+            record(start)
+            output = call()
+            record(end)
         synchronize()
         wall_us = (_clock_ns() - begin) / 1000.0
         return output, elapsed_time(start, end) * 1000.0, wall_us

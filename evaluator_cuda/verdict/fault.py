@@ -24,7 +24,8 @@ class Verdict(Exception):
 
 
 # Named rejections the candidate child reports (record["rejected"]).
-REJECTION_KINDS = ("no_kernel", "threads", "mutated_inputs", "guard_switch", "precision_switch", "fallback")
+REJECTION_KINDS = ("no_kernel", "threads", "mutated_inputs", "guard_switch", "precision_switch", "fallback",
+                   "timing_setting")
 # Messages of a candidate's runtime_error after which its CUDA context cannot be trusted.
 CUDA_ERROR_MARKERS = ("CUDA error", "cudaError", "illegal memory access", "CUBLAS_STATUS", "device-side assert")
 _CANDIDATE_KINDS = {"forbidden": "incorrect", "state_dict": "incorrect", "incorrect": "incorrect",

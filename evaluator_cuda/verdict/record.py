@@ -69,4 +69,6 @@ def finish(record: dict, status: str, message: str = "", diagnostics: list | Non
     for name, base in (("eager", t_eager), ("compile", t_compile)):
         record["speedup"][name] = (base / t) if (status == "correct" and t and base) else None
     record["reward"] = milestone_reward(status == "correct", t, t_eager, t_compile, record["margin"])
+    if record.get("speedup_withheld") and record["reward"] is not None:
+        record["reward"] = min(record["reward"], 1)  # times it cannot trust earn no speed-up reward
     return record

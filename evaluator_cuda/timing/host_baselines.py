@@ -1,0 +1,55 @@
+"""Host baselines timed the way the candidate is timed: one request per call.
+
+On the host the candidate's calls each arrive over the child's channel, after fresh input copies
+and a poisoned allocator; a process woken for each call finds colder caches than a loop of calls
+in one go. Timing the baselines in a loop made the unchanged reference look 2-3x slower than
+itself. Here the parent sends the reference child one request per baseline call, each preceded by
+the same preparation (roles/reference.py `do_time_call`), in rounds until the median is precise
+enough (timing/stability.py) or the budget is spent.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..isolation.sandbox import Child
+from ..verdict.fault import reference_failure, reply
+from .profile import summarize_times
+
+
+def host_baselines(reference: Child, settings, bound: float) -> dict:
+    """{"eager", "compile", "compile_error", "compile_first_call_s"} like the looped baselines."""
+    result = {"eager": _timed(reference, "eager", settings, bound, settings.baseline_budget_s / 2),
+              "compile": None, "compile_error": None}
+    prepared = reply(reference, {"cmd": "prepare_compiled", "compile_mode": settings.compile_mode},
+                     settings.child_timeout_s, harness=True)
+    if not prepared.get("ok"):
+        raise reference_failure(prepared)
+    if prepared.get("error"):
+        result["compile_error"] = prepared["error"]
+        return result
+    result["compile_first_call_s"] = prepared.get("first_call_s")
+    result["compile"] = _timed(reference, "compile", settings, bound, settings.baseline_budget_s / 2)
+    return result
+
+
+def _timed(reference: Child, which: str, settings, bound: float, budget_s: float) -> dict:
+    begin = time.perf_counter()
+    samples = _round(reference, which, settings, settings.warmup)
+    rounds = 1
+    while (summarize_times(samples)["median_rel_se"] or 0.0) > bound and time.perf_counter() - begin < budget_s:
+        samples += _round(reference, which, settings, 0)
+        rounds += 1
+    return {**summarize_times(samples), "rounds": rounds}
+
+
+def _round(reference: Child, which: str, settings, warmup: int) -> list[float]:
+    samples = []
+    for position in range(warmup + settings.repeats):
+        answer = reply(reference, {"cmd": "time_call", "which": which, "poison": position % 2},
+                       settings.child_timeout_s, harness=True)
+        if not answer.get("ok"):
+            raise reference_failure(answer)
+        if position >= warmup:
+            samples.append(float(answer["time_us"]))
+    return samples

@@ -1,0 +1,35 @@
+"""When a measured time is known well enough to earn a speed-up reward, and what keys a baseline.
+
+The reward compares medians with a 5 % margin. A median whose relative standard error is larger
+than half that margin cannot tell a 5 % gain from noise: such a time (the candidate's, eager's or
+torch.compile's) withholds the speed-up reward, and such a baseline is not cached.
+"""
+
+from __future__ import annotations
+
+
+def timing_se_bound(settings) -> float:
+    """The largest relative standard error of a median that still earns a speed-up reward."""
+    return settings.timing_se_bound if settings.timing_se_bound is not None else settings.margin / 2
+
+
+def unstable_times(times: dict, bound: float) -> str | None:
+    """Why the named summaries (summarize_times) are not precise enough, or None. A summary without
+    the figure (planted, or from before it was recorded) is not judged."""
+    loose = []
+    for name, stats in times.items():
+        se = (stats or {}).get("median_rel_se")
+        if isinstance(se, (int, float)) and se > bound:
+            loose.append(f"{name} ±{se:.1%}")
+    if not loose:
+        return None
+    return f"timing unstable: the median's relative standard error is {', '.join(loose)} (at most {bound:.1%})"
+
+
+def baseline_protocol(settings) -> dict:
+    """Everything besides the task, device, torch release and compile mode that changes a baseline's time."""
+    protocol = {"warmup": settings.warmup, "repeats": settings.repeats, "l2_flush_bytes": settings.l2_flush_bytes,
+                "backend": settings.backend}
+    if settings.device_type() == "cpu":
+        protocol.update(host_threads=settings.host_threads, host_pin_cpu=settings.host_pin_cpu)
+    return protocol

@@ -1,0 +1,76 @@
+"""Host timings that hold on a shared machine: both children on one CPU with a fixed thread count,
+a candidate that changes either rejected, imprecise medians earning no speed-up reward and noisy
+baselines never cached."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from evaluator_cuda.evaluation import evaluate
+from evaluator_cuda.solutions import reference_solution
+from evaluator_cuda.timing.profile import median_rel_se, summarize_times
+from evaluator_cuda.timing.stability import unstable_times
+from evaluator_helpers import AXPY_TASK, build_cache, host, model_new_with, workspace  # noqa: F401
+
+MANY_CPUS = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2
+
+
+def test_the_medians_standard_error_follows_the_spread_and_the_count():
+    # IQR 10 around a median of 100 from 36 samples: 1.2533 * 10 / 1.349 / 6 / 100
+    assert median_rel_se(10.0, 100.0, 36) == pytest.approx(0.0154843, rel=1e-4)
+    assert median_rel_se(10.0, 100.0, 1) is None and median_rel_se(1.0, 0.0, 10) is None
+    steady = summarize_times([100.0] * 20)
+    noisy = summarize_times([50.0, 150.0] * 10)
+    assert steady["median_rel_se"] == 0.0 and noisy["median_rel_se"] > 0.2
+    assert unstable_times({"eager": steady, "candidate": noisy}, 0.025).startswith("timing unstable")
+    assert "candidate" in unstable_times({"eager": steady, "candidate": noisy}, 0.025)
+    assert unstable_times({"eager": steady, "compile": None, "planted": {"median_us": 1.0}}, 0.025) is None
+
+
+def test_both_children_time_on_one_cpu_with_the_set_thread_count(build_cache, tmp_path):
+    settings = host(build_cache, profile=True, repeats=5, warmup=1)
+    record = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
+    assert record["status"] == "correct", record["message"]
+    pinning = record["host_timing"]
+    assert pinning["host_threads"] == 1
+    assert pinning["host_cpu"] in os.sched_getaffinity(0)
+
+
+@pytest.mark.skipif(not MANY_CPUS, reason="needs two CPUs to widen the affinity")
+@pytest.mark.parametrize("change", ["os.sched_setaffinity(0, set(range(os.cpu_count())))", "torch.set_num_threads(2)"])
+def test_a_candidate_that_changes_threads_or_cpus_is_rejected(build_cache, change):
+    settings = host(build_cache, profile=True, repeats=3, warmup=1, static_checks=False)
+    solution = workspace(model_new=model_new_with(f"{change}\nreturn cuda_extension.axpy_forward(x, y, float(self.alpha))",
+                                                  prelude="import os"))
+    record = evaluate(AXPY_TASK, solution, settings)
+    assert record["status"] == "incorrect" and record["rejected"] == "timing_setting", record["message"]
+
+
+def test_imprecise_times_earn_no_speed_up_and_are_not_cached(build_cache, tmp_path):
+    """A bound no measurement meets: the reward is 1 whatever the times, and the baselines are
+    measured again by the next evaluation."""
+    settings = host(str(tmp_path), profile=True, repeats=5, warmup=1, timing_se_bound=0.0, baseline_budget_s=0.0)
+    first = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
+    assert first["status"] == "correct" and first["reward"] == 1, first["message"]
+    assert any(r.startswith("timing unstable") for r in first["speedup_withheld"])
+    assert first["baseline_not_cached"].startswith("timing unstable")
+    second = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
+    assert second["baseline_cache_hit"] is False
+
+
+def test_the_unchanged_reference_earns_no_speed_up_under_load(build_cache, tmp_path):
+    """Self-check beside a busy process on every CPU: the reference against itself is never scored
+    faster than eager (the noise either stays inside the margin or withholds the reward)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        record = evaluate(AXPY_TASK, reference_solution("axpy"), host(str(tmp_path), profile=True))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert record["status"] == "correct", record["message"]
+    assert record["reward"] == 1, (record["speedup"], record.get("speedup_withheld"))
+    if not record.get("speedup_withheld"):
+        assert 0.9 <= record["speedup"]["eager"] <= 1.1
