@@ -146,6 +146,16 @@ def check_task_degenerate(task: Task, settings: EvalSettings | None = None) -> s
 
 
 @contextlib.contextmanager
+def _step(record: dict, name: str):
+    """record["verify_steps_s"][name]: the wall time of one step of the verification, also when it raises."""
+    begin = time.perf_counter()
+    try:
+        yield
+    finally:
+        record.setdefault("verify_steps_s", {})[name] = round(time.perf_counter() - begin, 4)
+
+
+@contextlib.contextmanager
 def _children(slot: EvaluationSlot):
     """The slot's (reference, candidate) children, marked used: they are never handed out again."""
     slot.used = True
@@ -168,18 +178,26 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
     begin = time.perf_counter()
     with _children(slot) as (reference, candidate):
         say("loading the reference and the candidate")
-        loaded, seeds = _load(reference, candidate, task, solution, settings, extension, solution_dir, record,
-                              runtime)
-        checks = _check_sets(reference, task, seeds, settings, record)
-        _prepare(candidate, loaded, settings)
-        timed = _timed_sets(reference, checks["inputs"], settings, record)
+        with _step(record, "load"):
+            loaded, seeds = _load(reference, candidate, task, solution, settings, extension, solution_dir, record,
+                                  runtime)
+        with _step(record, "check_sets"):
+            checks = _check_sets(reference, task, seeds, settings, record)
+        with _step(record, "prepare"):
+            _prepare(candidate, loaded, settings)
+        with _step(record, "timed_sets"):
+            timed = _timed_sets(reference, checks["inputs"], settings, record)
         say("running the candidate's calls")
-        calls = _run_calls(candidate, checks["inputs"], timed, settings, record)
+        with _step(record, "calls"):
+            calls = _run_calls(candidate, checks["inputs"], timed, settings, record)
         if _keep_warm:  # the timed calls are over: the next evaluation's children may start now
             _STANDBY.refill(slot.env, slot.guard, slot.device_type)
-        expected = _expected_outputs(reference, calls, checks["outputs"], timed.seeds, settings)
-        _judge_outputs(calls, expected, settings, record)
-        trace = attribute_kernels(candidate, solution, extension, settings, record)
+        with _step(record, "expected"):
+            expected = _expected_outputs(reference, calls, checks["outputs"], timed.seeds, settings)
+        with _step(record, "judge"):
+            _judge_outputs(calls, expected, settings, record)
+        with _step(record, "attribution"):
+            trace = attribute_kernels(candidate, solution, extension, settings, record)
         record["wall_s"]["verify"] = round(time.perf_counter() - begin, 4)
         if settings.profile:
             _record_times(reference, task, calls, timed, expected, settings, record, begin)

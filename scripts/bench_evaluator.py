@@ -9,6 +9,9 @@
              side: compile time, evaluation wall time, spread of the medians, agreement with do_bench.
   compile    on the H200 or a CPU machine (--backend host): one candidate's compile time three ways
              (load_inline, load, the evaluator's fast build), the fast path's details, outputs compared.
+  trace      on a GPU: chosen examples with the kernel trace on and off: the self-check's eager/ours
+             ratio (cold and cached baselines), the honest solution's median (the trace's overhead),
+             the cached evaluation's verification split. Exits 2 without a GPU.
 
 Each prints progress lines with elapsed seconds and a table at the end, and writes
 $OUT/bench_evaluator_<subcommand>.json when OUT is set (examples --fast-build: ..._examples_fast.json; speed
@@ -28,6 +31,7 @@ SUBCOMMANDS = {  # name: (module, one line for the list)
     "speed": ("speed", "sized cases, workspace vs load_inline: compile, evaluation wall time, spread, "
                        "do_bench agreement"),
     "compile": ("compile", "one candidate's compile time: load_inline, load and the fast build side by side"),
+    "trace": ("trace", "the kernel trace on and off: self-check ratio, the trace's overhead, the verify split"),
 }
 
 

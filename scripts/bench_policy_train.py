@@ -14,7 +14,8 @@ forward pass), both computed here in NumPy; all metrics are finite.
 
     python scripts/bench_policy_train.py            # the H200 figures (< 6 minutes)
     python scripts/bench_policy_train.py --quick    # tiny shapes, a smoke run on any machine
-With OUT set, results go to $OUT/bench_policy_train.json.
+    python scripts/bench_policy_train.py --only critic   # the critic's cases alone
+Each case runs in its own process, whose lines are echoed as they come. With OUT set, results go to $OUT/bench_policy_train.json.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -147,17 +149,37 @@ def run_case(role: str, rows: int, remat: bool, quick: bool) -> dict:
     }
 
 
+def run_streamed(cmd: list[str], env: dict, limit_s: float, tag: str) -> list[str]:
+    """Run one case's process, echoing its lines as they come (prefixed with `tag`); its lines. Killed
+    past `limit_s`, which the last line then says."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    timer = threading.Timer(limit_s, proc.kill)
+    timer.start()
+    lines = []
+    try:
+        for raw in proc.stdout:
+            lines.append(raw.rstrip("\n"))
+            print(f"  [{tag}] {lines[-1]}", flush=True)
+        proc.wait()
+    finally:
+        timer.cancel()
+    if proc.returncode and proc.returncode < 0:
+        lines.append(f"killed after {limit_s:.0f} s (the case's time limit)")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes (smoke run on any machine)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # role,rows,remat: run one case in this process
     parser.add_argument("--budget-s", type=float, default=330.0, help="skip remaining cases after this many seconds")
+    parser.add_argument("--only", choices=["actor", "critic"], help="only this role's cases")
     args = parser.parse_args()
     if args.case:
         role, rows, remat = args.case.split(",")
         print("RESULT " + json.dumps(run_case(role, int(rows), remat == "1", args.quick)))
         return 0
-    cases = CASES_QUICK if args.quick else CASES_FULL
+    cases = [c for c in (CASES_QUICK if args.quick else CASES_FULL) if args.only in (None, c[0])]
     env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92"))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     results, start = [], time.time()
@@ -166,11 +188,11 @@ def main() -> int:
             results.append({"role": role, "rows": rows, "remat": remat, "error": "skipped: time budget"})
             continue
         cmd = [sys.executable, __file__, "--case", f"{role},{rows},{int(remat)}"] + (["--quick"] if args.quick else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=max(30.0, 420 - (time.time() - start)))
-        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+        print(f"[{time.time() - start:6.1f}s] case {role} b{rows} {'remat' if remat else 'no-remat'}", flush=True)
+        lines = run_streamed(cmd, env, max(30.0, 420 - (time.time() - start)), f"{role} b{rows}")
+        line = next((l for l in lines if l.startswith("RESULT ")), None)
         if line is None:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            results.append({"role": role, "rows": rows, "remat": remat, "error": " | ".join(tail)[-400:]})
+            results.append({"role": role, "rows": rows, "remat": remat, "error": " | ".join(lines[-3:])[-400:]})
         else:
             results.append(json.loads(line[len("RESULT "):]))
     print(f"\n{'case':<22}{'step s':>8}{'tok/s':>10}{'MFU':>7}{'peak GB':>9}{'compile s':>10}  checks")

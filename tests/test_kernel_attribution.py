@@ -1,8 +1,12 @@
 """The kernel trace's bookkeeping and the attribution of GPU work, on hand-made traces: which
 activity belongs to which call and which operator launched it, whose work it is, and when the
-times are not believed. (The trace itself needs a GPU: scripts/check_hardening_gpu.py.)"""
+times are not believed. (The GPU side of the trace needs a GPU: scripts/check_hardening_gpu.py.)"""
 
+import contextlib
+import sys
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 from evaluator_cuda.timing.kernel_trace import RANGE_PREFIX, summarize
 from evaluator_cuda.verdict.attribution import (attribution_problem, classify, is_own_kernel, kernel_base_name,
@@ -155,3 +159,29 @@ def test_the_trace_crosses_the_childs_channel():
     trace = summarize(_trace_events())
     blobs: list = []
     assert decode_value(encode_value({"trace": trace}, blobs), blobs)["trace"] == trace
+
+
+def test_the_self_check_runs_untraced_and_a_candidate_stays_traced(tmp_path, monkeypatch):
+    """The trace is started before the load request says what loads; for the task's own Model (the harness
+    self-check) the candidate role stops it, for candidate code it keeps running."""
+    from evaluator_cuda.roles.candidate import CandidateRole
+    from evaluator_cuda.timing import kernel_trace
+
+    source = (Path(__file__).resolve().parents[1] / "examples" / "tasks" / "row_l2_norm.py").read_text()
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the role puts the solution folder on the path
+    warnings.filterwarnings("ignore", "CUDA is not available")  # this machine's torch may lack CUDA: CPU trace only
+    try:
+        for fmt, traced in (("reference", False), ("workspace", True)):
+            kernel_trace.start_trace()
+            assert kernel_trace.active()
+            role = CandidateRole()
+            request = {"device": "cpu", "block_torch": False, "solution_dir": str(tmp_path), "format": fmt,
+                       "entry": "model_new.py", "task_name": "row_l2_norm", "task_source": source}
+            (tmp_path / "model_new.py").write_text("import torch\nclass ModelNew(torch.nn.Module):\n    pass\n")
+            role.do_load(request)
+            assert kernel_trace.active() is traced
+            assert isinstance(kernel_trace.call_range(0), contextlib.nullcontext) is not traced
+    finally:
+        kernel_trace.discard_trace()
+        sys.modules.pop("model_new", None)
+    assert kernel_trace.collect()["error"] == "the trace was not started"
