@@ -55,7 +55,7 @@ def run_on_policy(cfg, agent_cfg: AgentConfig, tasks: Sequence[Task], tokenizer,
     Returns the final (actor, critic) states and the Iteration of each round.
     """
     from policy_jax.sharding import make_mesh
-    from policy_jax.stages import BatchIterator, PPOStates, PPOUpdater, trainable_rows
+    from policy_jax.stages import BatchIterator, PPOStates, PPOUpdater, compiling_notice, trainable_rows
     from policy_jax.train_run import new_state
 
     if not tasks:
@@ -81,6 +81,8 @@ def run_on_policy(cfg, agent_cfg: AgentConfig, tasks: Sequence[Task], tokenizer,
         usable = trainable_rows(rows)
         if not usable:
             raise RuntimeError(f"iteration {index}: every episode was an infrastructure failure; nothing to train on")
+        if index == 0:
+            log({**compiling_notice("ppo", version), "iteration": index})
         begin = time.perf_counter()
         batch = next(BatchIterator(usable, batch_size=episodes, seq_len=cfg.train.seq_len, seed=cfg.train.seed + index))
         states, ppo_record = updater.update(states, batch)
