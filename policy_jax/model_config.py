@@ -108,13 +108,15 @@ class ModelConfig:
         head = 0 if self.tie_word_embeddings else d * v
         return v * d + self.num_hidden_layers * layer + d + head
 
-    def forward_flops_per_token(self, seq_len: int) -> float:
+    def forward_flops_per_token(self, seq_len: int, lm_head: bool = True) -> float:
         """Matmul FLOPs of one forward pass per token (2 per multiply-add), causal attention at `seq_len`.
 
-        Counts the projections, the MLP, the LM head and the attention scores/values with the causal
-        half (the convention of the PaLM/MaxText MFU formulas); a training step is 3x this.
+        Counts the projections, the MLP, the head and the attention scores/values with the causal
+        half (the convention of the PaLM/MaxText MFU formulas); a training step is 3x this. The head is
+        the LM head, or with `lm_head=False` the critic's value head (one output).
         """
-        d, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        d, f = self.hidden_size, self.intermediate_size
+        v = self.vocab_size if lm_head else 1
         q = self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
         per_layer = 2 * (d * q + 2 * d * kv + q * d + 3 * d * f)

@@ -6,7 +6,7 @@ cuDNN attention) at sequence length 4096:
   * actor PPO step (FP32-head log-probs, clipped loss, TIS weights, AdamW): tokens/s and MFU;
   * critic step (value loss, AdamW): tokens/s and MFU;
   * batch 8 (and 4) rows, with and without rematerialisation; peak device memory of each (one process per case).
-MFU = 3 x forward matmul FLOPs (projections, MLP, LM head, causal attention) x tokens / time,
+MFU = 3 x forward matmul FLOPs (projections, MLP, LM head or value head, causal attention) x tokens / time,
 against 848 TFLOP/s, the bf16 matmul rate measured on an H200 (docs/paper.md §12).
 Correctness in the same run: at the first step the PPO loss (ratio = 1) equals -mean(A * w) over agent
 tokens, and the value loss equals 0.5 x the mean squared error of the critic's values (read by a separate
@@ -139,7 +139,7 @@ def run_case(role: str, rows: int, remat: bool, quick: bool) -> dict:
     checks["last_loss"] = losses[-1]  # reported, not checked: a few steps on noise targets need not lower it
     median = statistics.median(times)
     n_tokens = rows * seq
-    flops = 3 * model_cfg.forward_flops_per_token(seq) * n_tokens
+    flops = 3 * model_cfg.forward_flops_per_token(seq, lm_head=role == "actor") * n_tokens
     stats = jax.devices()[0].memory_stats() or {}
     return {
         "role": role, "rows": rows, "seq": seq, "remat": remat, "step_s": median, "compile_s": compile_s,

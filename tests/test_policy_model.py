@@ -312,3 +312,23 @@ def test_tokenizer_errors(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="could not be read"):
         load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_forward_flops_count_two_per_weight_of_every_matrix_the_model_holds_plus_causal_attention(role):
+    """The MFU numerator against the model's own weights: 2 FLOPs per multiply-add of every matrix
+    (the token embedding is a lookup, not a matmul), plus the causal half of scores and values."""
+    from policy_jax.transformer import CausalLM, Critic
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8)
+    model = (CausalLM if role == "actor" else Critic)(cfg, rngs=nnx.Rngs(0))
+    weights = {jax.tree_util.keystr(path): leaf for path, leaf in
+               jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))}
+    # every weight a token's activations are multiplied by: not the embedding, the norms' scales, biases
+    matrices = [a.size for name, a in weights.items() if not any(k in name for k in ("embed", "norm", "bias"))]
+    assert len(matrices) == cfg.num_hidden_layers * 7 + 1  # q, k, v, o, gate, up, down per layer; the head
+    seq = 128
+    attention = cfg.num_hidden_layers * 2 * (cfg.num_attention_heads * cfg.head_dim) * seq
+    expected = 2 * sum(matrices) + attention
+    assert cfg.forward_flops_per_token(seq, lm_head=role == "actor") == expected
