@@ -261,3 +261,17 @@ def test_journal_ignores_a_line_cut_by_a_crash_and_refuses_other_settings(tmp_pa
     assert all(json.loads(line) for line in path.read_text().splitlines())
     with pytest.raises(JournalError, match="seed"):
         Journal(path, {"seed": 2})
+
+
+def test_the_checks_run_and_time_the_forwards_on_the_jobs_device():
+    """The cuda backend's window is a GPU time: the worker runs the forwards where the job says. A device
+    the model cannot move to is a `load` rejection that names it (here, without CUDA: "cuda")."""
+    import torch
+
+    source = _planted("return torch.tanh(x)")
+    measured = run_checks("moved", source, [4, 8], [[4, 8], [4, 8]], (0.0, 1e6), 2**30, device="cpu:0")
+    assert measured["output_shape"] == [4, 8] and measured["eager_ms"] > 0
+    if not torch.cuda.is_available():
+        with pytest.raises(Rejected) as caught:
+            run_checks("moved", source, [4, 8], [[4, 8], [4, 8]], (0.0, 1e6), 2**30, device="cuda")
+        assert caught.value.stage == "load" and caught.value.reason.startswith("moving to cuda:")

@@ -87,11 +87,31 @@ def _check_output(out, expected_shape) -> None:
         raise Rejected("output", "non-finite values in the output")
 
 
+def _on(device: str, value):
+    """A model, or a list of inputs, on `device` (the inputs are generated on the CPU, seeded)."""
+    import torch
+
+    if device == "cpu":
+        return value
+    try:
+        if isinstance(value, list):
+            return [v.to(device) if isinstance(v, torch.Tensor) else v for v in value]
+        return value.to(device)
+    except Exception as exc:
+        raise Rejected("load", f"moving to {device}: {_one_line(exc)}") from None
+
+
 def _median_ms(model, inputs) -> float:
+    """The median of TIMED_CALLS forwards, each until its device work is done."""
+    import torch
+
+    sync = torch.cuda.synchronize if any(isinstance(v, torch.Tensor) and v.is_cuda for v in inputs) else (lambda: None)
     times = []
     for _ in range(TIMED_CALLS):
+        sync()
         begin = time.perf_counter()
         _forward(model, inputs)
+        sync()
         times.append((time.perf_counter() - begin) * 1e3)
     return sorted(times)[len(times) // 2]
 
@@ -103,15 +123,17 @@ def _check_inputs(inputs: list, expected: list | None) -> None:
 
 
 def run_checks(name: str, source: str, expected_shape, shapes, window_ms, memory_bytes: int,
-               input_shapes: list | None = None) -> dict:
+               input_shapes: list | None = None, device: str = "cpu") -> dict:
     """Every in-process check; returns what was measured (eager_ms, bytes), raises Rejected.
-    `input_shapes`: the shapes get_inputs() must give (None: not checked)."""
+    `input_shapes`: the shapes get_inputs() must give (None: not checked). `device`: where the forwards
+    run and are timed ("cuda" for the cuda backend: its window is a GPU time)."""
     import torch
 
     namespace, model = _load(name, source)
     parameter_bytes = _nbytes([*model.parameters(), *model.buffers()])
     inputs = _inputs(namespace, 1)
     _check_inputs(inputs, input_shapes)
+    model, inputs = _on(device, model), _on(device, inputs)
     if shapes is None:  # no plan (an LLM's task): the input and output are what is known
         shapes = [list(v.shape) for v in inputs if isinstance(v, torch.Tensor)]
     total = check_memory(shapes, parameter_bytes, memory_bytes)
@@ -119,7 +141,7 @@ def run_checks(name: str, source: str, expected_shape, shapes, window_ms, memory
     _check_output(out, expected_shape)
     if not torch.equal(out, _forward(model, inputs)):
         raise Rejected("deterministic", "random: two runs on the same inputs disagree")
-    other = _forward(model, _inputs(namespace, 2))
+    other = _forward(model, _on(device, _inputs(namespace, 2)))
     if other.shape == out.shape and torch.equal(other, out):
         raise Rejected("input_dependent", "the output does not depend on the inputs")
     if float(out.abs().max()) < ATOL and float(other.abs().max()) < ATOL:

@@ -49,8 +49,8 @@ def start_worker() -> None:
 
 def filter_candidate(job: dict) -> dict:
     """job: name, source, expected_shape, shapes, window_ms, memory_bytes, evaluator (settings or None), and
-    optionally input_shapes and time_limit_s. Returns the job's key with `status` kept/rejected, the stage and
-    reason, and what was measured."""
+    optionally input_shapes, time_limit_s and device (where the in-process forwards run: "cpu" or "cuda").
+    Returns the job's key with `status` kept/rejected, the stage and reason, and what was measured."""
     from .evaluator_stage import check_with_evaluator
     from .execution import Rejected, run_checks
 
@@ -59,7 +59,8 @@ def filter_candidate(job: dict) -> dict:
     try:
         with time_limit(job.get("time_limit_s") or IN_PROCESS_LIMIT_S):
             result.update(run_checks(job["name"], job["source"], job.get("expected_shape"), job.get("shapes"),
-                                     job["window_ms"], job["memory_bytes"], job.get("input_shapes")))
+                                     job["window_ms"], job["memory_bytes"], job.get("input_shapes"),
+                                     job.get("device", "cpu")))
         if job.get("evaluator"):
             result.update(check_with_evaluator(job["name"], job["source"], job["evaluator"]))
     except Rejected as exc:

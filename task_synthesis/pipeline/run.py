@@ -231,7 +231,7 @@ class Synthesis:
         job = {"key": entry["key"], "name": entry["name"], "source": entry["source"],
                "expected_shape": plan.output_shape, "shapes": plan.shapes(),
                "window_ms": self.o.config.window(self.o.backend), "memory_bytes": self.o.config.memory_bytes,
-               "evaluator": self._evaluator_settings()}
+               "evaluator": self._evaluator_settings(), "device": "cuda" if self.o.backend == "cuda" else "cpu"}
         if entry.get("composer"):  # written by a model: it must also take the input it was asked to take
             job["input_shapes"] = [plan.input_shape]
         return entry, job
