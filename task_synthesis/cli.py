@@ -94,6 +94,9 @@ def synthesize(
     try:
         settings = SynthesisConfig.load(config, scale=scale, evaluator=evaluator, compile=compile_check)
         resolved = _backend(backend)
+        if resolved == "cuda" and settings.scale != "paper":
+            _say(f"note: the {settings.scale} scale is sized for the host; on a GPU almost every task runs "
+                 "below the 1 ms window (--scale paper gives the paper's sizes)")
         options = RunOptions(out=out, count=count, config=settings, seed=seed, workers=workers, backend=resolved,
                              eval_dir=eval_dir, cache_dir=str(cache_dir) if cache_dir else None, llm=llm,
                              unjailed_workers=unjailed_workers)
