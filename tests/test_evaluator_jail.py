@@ -120,7 +120,8 @@ def test_killing_what_the_candidate_can_reach_is_its_own_runtime_error(build_cac
     (reward None). In its pid namespace its parent is the namespace's init, which ignores
     signals from inside; its own group dies alone. Either way the verdict stands: −1."""
     forward = f"import os\n{how}\nreturn cuda_extension.axpy_forward(x, y, float(self.alpha) + 1.0)"
-    record = evaluate(AXPY_TASK, workspace(model_new=model_new_with(forward)), _settings(build_cache))
+    settings = _settings(build_cache, call_timeout_extra_s=2.0, first_call_extra_s=2.0)  # the loop waits for the limit
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_with(forward)), settings)
     assert record["status"] in ("runtime_error", "incorrect"), record["message"]
     assert record["reward"] == -1
 

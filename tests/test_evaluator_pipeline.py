@@ -231,7 +231,9 @@ def test_candidate_that_hangs_is_killed_as_runtime_error(tmp_path):
     # The limit applies to each request, the reference child's first one too, which waits for that
     # child's `import torch` (a few seconds on a busy 2-core machine): 15 s leaves room for it, and
     # the busy loop burns a core for no longer than that (it was 45 s).
-    settings = host(str(tmp_path), child_timeout_s=15.0)
+    # A call's own limit is 100 x the reference's call plus a few seconds; 2 s of each extra here (the
+    # defaults, 5 and 10 s more for the first call, are for real candidates' first calls on a GPU).
+    settings = host(str(tmp_path), child_timeout_s=15.0, call_timeout_extra_s=2.0, first_call_extra_s=2.0)
     record = evaluate(AXPY_TASK, kernelbench("while True:\n    pass"), settings)
     assert record["status"] == "runtime_error" and record["reward"] == -1
     # each call's limit follows the reference's time (settings.call_timeout_*), never above the 15 s

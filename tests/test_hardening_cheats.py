@@ -465,7 +465,9 @@ def test_20_whole_process_group_killed_on_timeout(build_cache, tmp_path):
     # 15 s per request: the reference child's first request waits for its `import torch`.
     # The unjailed path (jail_children=False): the jail's form, where the candidate cannot write
     # where the test looks, is tests/test_evaluator_jail.py::test_a_setsid_child_does_not_outlive_the_evaluation.
-    settings = host(build_cache, static_checks=False, child_timeout_s=15.0, jail_children=False)
+    # The call's limit: 100 x the reference's call + 2 s, + 2 s for a first call (the candidate sleeps through it).
+    settings = host(build_cache, static_checks=False, child_timeout_s=15.0, jail_children=False,
+                    call_timeout_extra_s=2.0, first_call_extra_s=2.0)
     record = evaluate(AXPY_TASK, workspace(model_new=model_new_with(body)), settings)
     assert record["status"] == "runtime_error" and "gave no answer" in record["message"]
     pid = int(pid_file.read_text())
