@@ -15,7 +15,8 @@ forward pass), both computed here in NumPy; all metrics are finite.
     python scripts/bench_policy_train.py            # the H200 figures (< 6 minutes)
     python scripts/bench_policy_train.py --quick    # tiny shapes, a smoke run on any machine
     python scripts/bench_policy_train.py --only critic   # the critic's cases alone
-Each case runs in its own process, whose lines are echoed as they come. With OUT set, results go to $OUT/bench_policy_train.json.
+Each case runs in its own process, whose lines are echoed as they come.
+With OUT set, results go to $OUT/bench_policy_train.json.
 """
 
 from __future__ import annotations

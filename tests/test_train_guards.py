@@ -72,7 +72,8 @@ def test_over_long_trajectories_are_masked_out_counted_and_the_loss_is_over_the_
     initial = new_state("actor", cfg, mesh, None, 1).module()
     run_rft(new_state("actor", cfg, mesh, None, 1), BatchIterator(rows, 8, 32), cfg, mesh, 1, log=records.append)
     # Before the first update, which XLA compiles first, the stage says so (a silent minute otherwise).
-    assert records[0] == {"stage": "rft", "event": "compiling", "step": 0, "note": "the first update compiles first (XLA)"}
+    notice = {"stage": "rft", "event": "compiling", "step": 0, "note": "the first update compiles first (XLA)"}
+    assert records[0] == notice
     records = records[1:]
     assert records[0]["truncated_trajectories"] == 2
 
