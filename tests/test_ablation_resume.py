@@ -53,6 +53,18 @@ def _ctrl_c_after_the_first_record_of_the_second_arm(line: str) -> None:
         os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, at a known moment: just after that iteration's commit
 
 
+def _stop_after_the_first_record_of_the_second_arm(cfg, out: Path, uninterrupted: Path, saved: int) -> None:
+    """Ctrl-C just after the second arm's first record: the command's one line says how many of that arm's
+    iterations are saved (checkpointed), and the records so far are the uninterrupted run's first three."""
+    from ablations.stopping import Stopped
+
+    with pytest.raises(Stopped) as stop:
+        _run(cfg, out, _ctrl_c_after_the_first_record_of_the_second_arm)
+    assert str(stop.value) == (f"Ctrl-C in arm {SECOND} seed 0 with {saved}/2 iterations saved; "
+                               "run the same command again to resume")
+    assert _numbers(out) == _numbers(uninterrupted)[:3]
+
+
 def _iteration_lines(lines: list[str]) -> list[str]:
     return [line for line in lines if line.startswith("[") and "] iteration " in line]
 
@@ -68,15 +80,9 @@ def reference(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_run_stopped_inside_an_arm_resumes_to_the_records_of_an_uninterrupted_run(reference, tmp_path):
-    from ablations.stopping import Stopped
-
     cfg, uninterrupted = reference
     out = tmp_path / "run"
-    with pytest.raises(Stopped) as stop:
-        _run(cfg, out, _ctrl_c_after_the_first_record_of_the_second_arm)
-    assert str(stop.value) == (f"Ctrl-C in arm {SECOND} seed 0 with 1/2 iterations saved; "
-                               "run the same command again to resume")
-    assert _numbers(out) == _numbers(uninterrupted)[:3]
+    _stop_after_the_first_record_of_the_second_arm(cfg, out, uninterrupted, saved=1)
 
     lines = []
     _run(cfg, out, lines.append)
@@ -94,16 +100,10 @@ def test_a_run_stopped_inside_an_arm_resumes_to_the_records_of_an_uninterrupted_
 def test_with_sparser_checkpoints_a_stop_reruns_the_iterations_since_the_last_one(reference, tmp_path):
     """checkpoint_every 2: the second arm's first iteration writes its record but no checkpoint; after a stop
     there, the resume drops that record and runs the arm from its start. Saving less often changes no number."""
-    from ablations.stopping import Stopped
-
     _, uninterrupted = reference
     cfg = ablation_config_from_dict({**_raw(), "checkpoint_every": 2})
     out = tmp_path / "run"
-    with pytest.raises(Stopped) as stop:
-        _run(cfg, out, _ctrl_c_after_the_first_record_of_the_second_arm)
-    assert str(stop.value) == (f"Ctrl-C in arm {SECOND} seed 0 with 0/2 iterations saved; "
-                               "run the same command again to resume")
-    assert _numbers(out) == _numbers(uninterrupted)[:3]
+    _stop_after_the_first_record_of_the_second_arm(cfg, out, uninterrupted, saved=0)
 
     lines = []
     _run(cfg, out, lines.append)

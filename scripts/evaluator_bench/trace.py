@@ -9,7 +9,7 @@ For each chosen example (default: elementwise_chain, row_softmax, layernorm), wi
      modes side by side give the trace's overhead on the timed calls.
 The cached evaluations' verification split (record["verify_steps_s"]) is kept. Prints a table at the end;
 with $OUT set, writes $OUT/bench_evaluator_trace.json. Exit status 0 when every evaluation was `correct`,
-1 otherwise, 2 without a GPU.
+1 otherwise, 2 without a GPU or for an unknown example.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from evaluator_bench.common import SOLUTIONS, TASKS, write_out
 from evaluator_bench.report import Clock, fmt
 
 DEFAULT_ONLY = ["elementwise_chain", "row_softmax", "layernorm"]
+LABELS = ("self_cold", "self_cached", "honest")  # the evaluations of each example and mode, in order
 
 
 def add_arguments(parser) -> None:
@@ -34,7 +35,14 @@ def main(args) -> int:
     if not torch.cuda.is_available():
         print("no GPU visible: `bench_evaluator.py trace` is for the H200", file=sys.stderr)
         return 2
+    from evaluator_cuda.tasks import load_tasks
+
     clock = Clock(args.budget_s)
+    tasks = {t.stem: t for t in load_tasks(TASKS).tasks}
+    unknown = [stem for stem in args.only if stem not in tasks]
+    if unknown:
+        print(f"no example task named {', '.join(unknown)} (examples: {', '.join(sorted(tasks))})", file=sys.stderr)
+        return 2
     rows = []
     for traced in (True, False):
         settings = _settings(traced)
@@ -42,11 +50,11 @@ def main(args) -> int:
             if clock.remaining() <= 0:
                 clock.say(f"budget spent: {stem} with the trace {'on' if traced else 'off'} skipped")
                 continue
-            rows.append(_example(clock, stem, settings, traced))
+            rows.append(_example(clock, tasks[stem], settings, traced))
     _print_table(rows)
     write_out("bench_evaluator_trace.json", {"rows": rows, "device": torch.cuda.get_device_name()})
-    bad = [r for r in rows if any(s != "correct" for s in r["statuses"])]
-    return 1 if bad else 0
+    statuses = [row[label]["status"] for row in rows for label in LABELS]
+    return 0 if all(s == "correct" for s in statuses) else 1
 
 
 def _settings(traced: bool):
@@ -56,21 +64,19 @@ def _settings(traced: bool):
     return EvalSettings.for_backend("cuda", cache_dir=cache, kernel_attribution=traced)
 
 
-def _example(clock: Clock, stem: str, settings, traced: bool) -> dict:
+def _example(clock: Clock, task, settings, traced: bool) -> dict:
     """Self-check twice (cold, cached baselines) and the honest solution once, one mode."""
     from evaluator_cuda.evaluation import children_kept_warm, evaluate
     from evaluator_cuda.solutions import read_solution, reference_solution
-    from evaluator_cuda.tasks import load_tasks
 
-    task = next(t for t in load_tasks(TASKS).tasks if t.stem == stem)
-    mode = "on" if traced else "off"
-    row: dict = {"task": stem, "trace": mode, "statuses": []}
+    stem, mode = task.stem, "on" if traced else "off"
+    solutions = {"self_cold": reference_solution(stem), "self_cached": reference_solution(stem),
+                 "honest": read_solution(SOLUTIONS / "cuda" / stem)}
+    row: dict = {"task": stem, "trace": mode}
     with children_kept_warm():
-        for label, solution in (("self_cold", reference_solution(stem)), ("self_cached", reference_solution(stem)),
-                                ("honest", read_solution(SOLUTIONS / "cuda" / stem))):
+        for label in LABELS:
             clock.say(f"{stem}: {label}, trace {mode}")
-            record = evaluate(task, solution, settings)
-            row["statuses"].append(record["status"])
+            record = evaluate(task, solutions[label], settings)
             times = record.get("times_us") or {}
             ours = (times.get("candidate") or {}).get("median_us")
             eager = (times.get("eager") or {}).get("median_us")
@@ -87,7 +93,7 @@ def _print_table(rows: list[dict]) -> None:
     print(f"{'task':18s} {'trace':5s} {'self cold':>9s} {'self cached':>11s} {'honest us':>9s} {'cached s':>8s}  "
           "verify split of the cached self-check (s)")
     for row in rows:
-        cold, cached, honest = (row.get(k) or {} for k in ("self_cold", "self_cached", "honest"))
+        cold, cached, honest = (row.get(k) or {} for k in LABELS)
         split = " ".join(f"{k} {v:.2f}" for k, v in (cached.get("steps_s") or {}).items())
         print(f"{row['task']:18s} {row['trace']:5s} {fmt(cold.get('ratio'), 3):>9s} {fmt(cached.get('ratio'), 3):>11s} "
               f"{fmt(honest.get('ours_us')):>9s} {fmt(cached.get('total_s'), 2):>8s}  {split}")

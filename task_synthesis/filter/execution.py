@@ -101,11 +101,11 @@ def _on(device: str, value):
         raise Rejected("load", f"moving to {device}: {_one_line(exc)}") from None
 
 
-def _median_ms(model, inputs) -> float:
-    """The median of TIMED_CALLS forwards, each until its device work is done."""
+def _median_ms(model, inputs, device: str = "cpu") -> float:
+    """The median of TIMED_CALLS forwards on `device`, each until its device work is done."""
     import torch
 
-    sync = torch.cuda.synchronize if any(isinstance(v, torch.Tensor) and v.is_cuda for v in inputs) else (lambda: None)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     times = []
     for _ in range(TIMED_CALLS):
         sync()
@@ -148,7 +148,7 @@ def run_checks(name: str, source: str, expected_shape, shapes, window_ms, memory
         raise Rejected("input_dependent", f"every output below the tolerance {ATOL:g} (all zeros would pass)")
     for _ in range(2):  # warm-up (a backend's first call may set up kernels)
         _forward(model, inputs)
-    eager_ms = _median_ms(model, inputs)
+    eager_ms = _median_ms(model, inputs, device)
     low, high = window_ms
     if not low <= eager_ms <= high:
         raise Rejected("window", f"eager forward {eager_ms:.4g} ms outside [{low:g}, {high:g}] ms")
