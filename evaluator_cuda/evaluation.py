@@ -37,14 +37,15 @@ from .settings import EvalSettings
 from .solutions import Solution, reference_solution
 from .tasks import Task, TaskError, degenerate_reason
 from .timing.baselines import BaselineCache, baseline_key
+from .timing.call_split import summarize_split
 from .timing.profile import summarize_times
 from .verdict.bounds import precision, speed_of_light
 from .verdict.fault import (CUDA_ERROR_MARKERS, Verdict, candidate_failure, output_meta, reference_failure, rejection,
                             reply)
 from .verdict.record import finish, new_record
 from .verdict.schedule import CallRequests, call_schedule
-from .verdict.verify import (compare_outputs, criterion_of, outputs_ignore_inputs, relative_error, scale_problem,
-                             tolerances)
+from .verdict.verify import (compare_outputs, criterion_of, on_device, outputs_ignore_inputs, relative_error,
+                             scale_problem, tolerances)
 
 # The next evaluation's children, warming in the background (see sandbox.StandbySlots). Off
 # unless a long-lived caller (a bridge worker, a benchmark of many tasks) turns it on: a
@@ -423,6 +424,8 @@ class _Calls:
     times: list  # per-call device times (µs) after the warm-up
     walls: list  # per-call wall times (µs) after the warm-up
     outside: list = dataclasses.field(default_factory=list)  # per-call round trips (µs), the parent's clock
+    splits: list = dataclasses.field(default_factory=list)  # per call: the candidate child's split (µs)
+    round_trips: list = dataclasses.field(default_factory=list)  # per call, warm-up included (µs)
     timed_positions: list = dataclasses.field(default_factory=list)  # positions of the timed calls
 
 
@@ -442,6 +445,8 @@ def _run_calls(candidate: Child, check_inputs: list, timed: _TimedSets, settings
         outside_us = (time.perf_counter() - sent) * 1e6
         if not answer.get("ok"):
             raise candidate_failure(answer)
+        calls.splits.append(answer.get("split_us"))
+        calls.round_trips.append(outside_us)
         if kind == "check" or position in sampled:
             # The candidate's description of its output (class, device) is taken before the
             # output is copied to the host; the wire's own metadata describes that copy.
@@ -454,6 +459,7 @@ def _run_calls(candidate: Child, check_inputs: list, timed: _TimedSets, settings
     # CUDA: whether the driver demoted persisting L2 lines before every call (docs/cheats.md #19)
     on_cuda = settings.device_type() == "cuda"
     record["persisting_l2_reset"] = (answer.get("l2_resets") == len(schedule)) if on_cuda and schedule else None
+    record["calls_split_us"] = summarize_split(calls.splits, calls.round_trips)
     return calls
 
 
@@ -481,7 +487,34 @@ def _expected_outputs(reference: Child, calls: _Calls, check_outputs: list, time
     return _Expected(at, checks, timed)
 
 
+def judge_device(settings: EvalSettings) -> str:
+    """Where the outputs are compared: the GPU of a CUDA evaluation when this process can use it
+    (`judge_on_device`), else the CPU. Large outputs take seconds to compare on the CPU."""
+    if not (settings.judge_on_device and settings.device_type() == "cuda"):
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def _judge_outputs(calls: _Calls, expected: _Expected, settings: EvalSettings, record: dict) -> None:
+    """The verdict on the outputs, on judge_device(); the device copies are released after it."""
+    device = judge_device(settings)
+    record["judged_on"] = device
+    if device == "cpu":
+        return _judge(calls, expected, settings, record)
+    import torch
+
+    outputs = {k: (on_device(value, device), meta) for k, (value, meta) in calls.outputs.items()}
+    at = {k: on_device(value, device) for k, value in expected.at.items()}
+    try:
+        _judge(dataclasses.replace(calls, outputs=outputs), dataclasses.replace(expected, at=at), settings, record)
+    finally:
+        del outputs, at
+        torch.cuda.empty_cache()
+
+
+def _judge(calls: _Calls, expected: _Expected, settings: EvalSettings, record: dict) -> None:
     """Every checked output against its reference; then outputs that ignore their inputs and
     the precision of the output's dtype."""
     if expected.checks:

@@ -68,6 +68,8 @@ class EvalSettings:
     norm_rtol: float = PAPER_RTOL  # scale-aware check: ||out-ref||/||ref|| per tensor (docs/cheats.md #2)
     timed_checks: int = 4  # outputs of timed calls checked, a random sample the candidate cannot see
     fresh_input_bytes: int = 1024**3  # budget for distinct timed input sets; beyond it the sets rotate
+    # CUDA: compare the outputs on the GPU in the verdict process (False: on its CPU, seconds for large outputs)
+    judge_on_device: bool = True
     reject_precision_downgrade: bool = False  # flag (False) or reject (True) outputs below the dtype's precision
     peak_bandwidth: float = H200_PEAK_BANDWIDTH  # the speed-of-light bound of a call (docs/cheats.md #18)
     # CUDA: CUPTI records every GPU activity of the candidate's calls (verdict/attribution.py). Work

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import sys
 import time
 
 MAX_HEADER_BYTES = 64 * 1024 * 1024
@@ -59,11 +60,22 @@ def describe_tensors(value) -> list[dict]:
     return []
 
 
+def host_copy(t):
+    """A contiguous CPU copy of a tensor (the tensor itself when it is one already). A CUDA
+    tensor is copied into page-locked memory, which the device writes several times faster."""
+    import torch
+
+    t = t.detach()
+    if t.device.type == "cuda":
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+    return t.to("cpu").contiguous()
+
+
 def _tensor_bytes(t) -> memoryview:
     """The tensor's bytes without an extra copy (a view of a contiguous CPU copy)."""
     import torch
 
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    flat = host_copy(t).contiguous().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
     return memoryview(flat.view(torch.uint8).numpy())
@@ -156,9 +168,50 @@ def pack(message: dict) -> list:
     return [struct.pack(">I", len(header)) + header, *blobs]
 
 
+class ReceiveBuffers:
+    """Buffers for the large blobs this process receives, used again once nothing refers to them.
+
+    A fresh buffer of 64 MiB costs about as much in page faults as the socket copy into it (the
+    allocator maps large blocks anew each time); a buffer kept from an earlier message is already
+    resident. A kept buffer is handed out only when the pool holds the only reference to it (a
+    decoded tensor or a caller's list of blobs keeps its buffer out of reuse), and it is filled to
+    its last byte before anyone reads it. At most `keep_bytes` are kept, only blobs of `min_bytes`
+    or more.
+    """
+
+    def __init__(self, keep_bytes: int = 1024**3, min_bytes: int = 4 * 1024**2):
+        self.keep_bytes, self.min_bytes = keep_bytes, min_bytes
+        self.kept: list[bytearray] = []
+
+    def take(self, n: int) -> bytearray:
+        if n < self.min_bytes:
+            return bytearray(n)
+        for index in range(len(self.kept)):
+            if len(self.kept[index]) == n and self._free(index):
+                return self.kept[index]
+        buffer = bytearray(n)
+        self._keep(buffer)
+        return buffer
+
+    def _free(self, index: int) -> bool:
+        return sys.getrefcount(self.kept[index]) == 2  # the list's reference and getrefcount's argument
+
+    def _keep(self, buffer: bytearray) -> None:
+        while self.kept and sum(map(len, self.kept)) + len(buffer) > self.keep_bytes:
+            free = [i for i in range(len(self.kept)) if self._free(i)]
+            if not free:
+                return  # every kept buffer is in use: this one is not kept
+            del self.kept[free[0]]
+        if len(buffer) <= self.keep_bytes:
+            self.kept.append(buffer)
+
+
+_BUFFERS = ReceiveBuffers()
+
+
 def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytearray:
-    """Exactly n bytes into one preallocated buffer (recv_into, no joins)."""
-    buffer = bytearray(n)
+    """Exactly n bytes into one buffer (recv_into, no joins); a large one from _BUFFERS."""
+    buffer = _BUFFERS.take(n)
     view = memoryview(buffer)
     received = 0
     while received < n:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..isolation.guard_lock import lock_guard_switches, precision_settings
 from ..isolation.torch_guard import ForbiddenGuardSwitch, ForbiddenTorchCompute, take_refusals
-from ..isolation.wire import describe_tensors
+from ..isolation.wire import describe_tensors, host_copy
 from ..tasks import TaskError, exec_task
 from ..timing import host_pin
 from ..timing import profile as _profile  # noqa: F401  (binds the harness clock before candidate code loads)
@@ -202,7 +202,9 @@ class CandidateRole:
 
         if self.model is None:
             raise HandlerError("internal", "call before prepare")
+        split = _Split()
         on_device, values = self._input_set(req)
+        split.mark("inputs")
         pristine = [a if isinstance(a, torch.Tensor) else None for a in on_device]
         args = [a.clone() if a is not None else v for a, v in zip(pristine, values)]  # the candidate gets clones only
         poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)
@@ -211,6 +213,7 @@ class CandidateRole:
         if self.device == "cuda":
             self.l2_resets += reset_persisting_l2()
         flush_l2(self.flush)
+        split.mark("setup")
         calls_before = self.extension_calls[0]
         model = self.model
         try:
@@ -223,17 +226,20 @@ class CandidateRole:
         except Exception as exc:
             self._check_guard(exc)
             raise HandlerError("runtime", f"forward raised {one_line(exc)}", _candidate_traceback(exc)) from None
+        split.mark("call")
         self._check_guard(None)
         if self.timing_state and host_pin.state() != self.timing_state:
             raise HandlerError("timing_setting", "candidate code changed the thread count or CPU affinity "
                                                  f"of the timed calls ({self.timing_state} -> {host_pin.state()})")
         self._check_call(out, args, pristine, calls_before)
+        split.mark("checks")
         described = describe_tensors(out)  # class and device as forward returned them, before the host copy
         copied = _copy_out(out)
+        split.mark("copy_out")
         # output-sized blocks: where empty_like lands
         self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]
         return {"output": copied, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
-                "l2_resets": self.l2_resets}
+                "l2_resets": self.l2_resets, "split_us": split.spans}
 
     def do_kernel_trace(self, req: dict) -> dict:
         """What ran on the GPU during each call (timing/kernel_trace.py); ends the trace."""
@@ -291,6 +297,23 @@ class CandidateRole:
             raise HandlerError("mutated_inputs", f"forward modified its input(s) {mutated}")
 
 
+class _Split:
+    """Where one call's time in this child goes: microseconds between named marks (harness
+    bookkeeping for the record; the reward never reads it)."""
+
+    def __init__(self):
+        import time
+
+        self._clock = time.perf_counter
+        self._last = self._clock()
+        self.spans: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = self._clock()
+        self.spans[name] = round((now - self._last) * 1e6, 1)
+        self._last = now
+
+
 def _same_tensor(a, b) -> bool:
     import torch
 
@@ -318,7 +341,7 @@ def _copy_out(value):
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        return host_copy(value) if value.device.type == "cuda" else value.detach().to("cpu", copy=True)
     if isinstance(value, list):
         return [_copy_out(v) for v in value]
     if isinstance(value, tuple):

@@ -7,7 +7,8 @@ Values pass two criteria per floating tensor (see the README's "Correctness" sec
   (an output whose values all lie below atol is still checked at its own scale);
 - whole-tensor, `||out - ref|| / ||ref|| <= norm_rtol`.
 
-Runs in the parent (the verdict process), on CPU copies received from the children.
+Runs in the parent (the verdict process), on copies received from the children: on the CPU, or
+moved to the evaluation's GPU first (on_device) where the parent can use it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,21 @@ import math
 # magnitude: a softmax over 262,144 columns (values near 4e-6) is checked at ~1e-2 of its peak,
 # not at the paper's absolute 1e-2, which every value would pass as zeros.
 SCALE_ATOL_FRACTION = 1e-2
+
+
+def on_device(value, device: str):
+    """A nested output (tensors in lists, tuples and dicts) with every tensor moved to `device`."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, list):
+        return [on_device(v, device) for v in value]
+    if isinstance(value, tuple):
+        return tuple(on_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: on_device(v, device) for k, v in value.items()}
+    return value
 
 
 def tensor_atol(expected, atol: float) -> float:
