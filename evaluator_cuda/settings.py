@@ -23,6 +23,8 @@ PAPER_WARMUP = 5
 KERNELBENCH_L2_FLUSH_BYTES = 256 * 1024 * 1024
 H200_PEAK_BANDWIDTH = 4.3e12  # HBM bytes/s measured on an H200 (docs/paper.md §12)
 DEFAULT_ARCH_LIST = "9.0"  # Hopper (H100/H200/H20)
+CHILD_FILE_SIZE_BYTES = 8 * 1024**3  # RLIMIT_FSIZE of a child: the largest file it may write
+CHILD_OPEN_FILES = 4096  # RLIMIT_NOFILE of a child
 
 
 def cache_root() -> Path:
@@ -89,8 +91,12 @@ class EvalSettings:
     span_tolerance: float = 0.10
     span_slack_us: float = 5.0
     child_memory_bytes: int | None = None  # RLIMIT_AS of candidate/build children; None: 32 GiB on host, none on CUDA
-    child_max_processes: int = 256  # RLIMIT_NPROC above the user's current count (not enforced for root)
+    # RLIMIT_NPROC: jailed, of the child's own uid (every process and thread it starts counts); unjailed,
+    # above the user's current count (which the kernel does not enforce for root)
+    child_max_processes: int = 256
     child_cpu_seconds: int = 3600  # RLIMIT_CPU of a child
+    child_file_size_bytes: int = CHILD_FILE_SIZE_BYTES  # RLIMIT_FSIZE of candidate/build children
+    child_open_files: int = CHILD_OPEN_FILES  # RLIMIT_NOFILE of candidate/build children
     isolate_network: bool = True  # unjailed children: a network namespace when `unshare -n` works
     # The candidate and build children run in cuda_agent.jail's jail (own uid and namespaces, seccomp,
     # a file-system view of system folders, Python, the evaluator's code and their own folders).

@@ -47,6 +47,11 @@ int main() {
 """
 
 
+def progress(what: str) -> None:
+    """A line before each slow step, so that a run cut at a time limit shows where it was."""
+    print(f"... {what} ({time.strftime('%H:%M:%S')})", flush=True)
+
+
 def timed(argv: list[str], env: dict | None = None) -> float:
     start = time.perf_counter()
     subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -73,6 +78,7 @@ def main() -> None:
                     path=f"{os.path.dirname(sys.executable)}:/usr/local/cuda/bin:/usr/bin:/bin")
     command = jail_command(spec, [sys.executable, "-c", "pass"])
     print("protections:", json.dumps(command.protections))
+    progress(f"timing {args.repeats} starts of `python -c pass`, plain and jailed")
     plain, jailed = [], []
     for _ in range(args.repeats):
         plain.append(timed([sys.executable, "-c", "pass"]))
@@ -84,8 +90,10 @@ def main() -> None:
     if args.gpu:
         if not devices:
             failures.append("no /dev/nvidia* on this machine")
+        progress("torch on CUDA outside the jail")
         plain_gpu = subprocess.run([sys.executable, "-c", GPU_CODE], capture_output=True, text=True, timeout=300)
         gpu = jail_command(spec, [sys.executable, "-c", GPU_CODE])
+        progress("torch on CUDA in the jail")
         start = time.perf_counter()
         done = subprocess.run(gpu.argv, env=gpu.env, capture_output=True, text=True, timeout=300)
         print("torch outside:", plain_gpu.stdout.strip() or plain_gpu.stderr[-500:])
@@ -94,6 +102,7 @@ def main() -> None:
             failures.append("torch.cuda in the jail")
         (workdir / "add.cu").write_text(NVCC_CODE)
         nvcc = jail_command(spec, ["sh", "-c", "nvcc -o add add.cu && ./add"])
+        progress("nvcc build and run in the jail")
         done = subprocess.run(nvcc.argv, env=nvcc.env, capture_output=True, text=True, timeout=300)
         print("nvcc in the jail:", done.stdout.strip() or done.stderr[-2000:])
         if "nvcc ok 1" not in done.stdout:

@@ -3,12 +3,14 @@
     bash scripts/gpu_check.sh              # on a CUDA machine; logs and a JSON summary in $OUT
     python scripts/gpu_check.py --digest   # anywhere: the evaluator digest the check reports
 
-Steps, each with its own time limit and printed as they go, in two lanes at once (the verdicts
+Steps, each with its own time limit and printed as they go, in three lanes at once (the verdicts
 do not depend on the timings; each lane builds into its own cache):
 1. `cuda-agent bench examples/tasks --solutions examples/solutions --backend cuda`, every
    verdict checked: each honest solution `correct` with reward >= 1, each `__wrong` one
    `incorrect` with reward -1;
-and beside it, one after the other:
+beside it, the jail on the GPU machine (`scripts/check_jail.py --gpu`, its last line `JAIL CHECK
+PASS`): torch on CUDA and an `nvcc` build and run inside the jail, and what a jailed start costs;
+and beside both, one after the other:
 2. the `cuda`-marked tests, on 4 workers;
 3. the CUDA cheat forms (side stream, persisting-L2 window) rejected, an illegal address a
    `runtime_error`; past the static checks, ATen compute hidden from the runtime guard rejected by
@@ -36,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TOTAL_LIMIT_S = 320  # the whole check, set-up included, within about five minutes
+JAIL_LIMIT_S = 120  # the jail lane: about 40 s on the H200 (two torch starts, one nvcc build)
+JAIL_COMMAND = [sys.executable, "scripts/check_jail.py", "--gpu", "--repeats", "5"]
 CUDA_TEST_FILES = ["tests/test_evaluator_examples.py", "tests/test_examples_cuda_build.py", "tests/test_fastbuild.py", "tests/test_hardening_cheats.py"]
 
 
@@ -106,6 +110,23 @@ def run_step(name: str, command: list[str], limit_s: float, out: Path, env: dict
     return (124 if timed_out else rc), "".join(lines[-40:])
 
 
+def last_line(tail: str, rc: int) -> str:
+    """The line of a step's output that says how it ended (a verdict line, else its last line)."""
+    lines = [l.strip() for l in tail.splitlines() if l.strip()]
+    verdict = [l for l in lines if "as expected" in l or " passed" in l or " failed" in l]
+    return (verdict or lines or [f"exit {rc}"])[-1][:300]
+
+
+def jail_failures(rc: int, tail: str) -> list[str]:
+    """The jail lane's failure (empty: it passed): its exit status and its `JAIL CHECK PASS` line both count;
+    a lane cut at its limit (rc 124) fails."""
+    if rc == 0 and "JAIL CHECK PASS" in tail:
+        return []
+    why = "cut at its limit" if rc == 124 else f"exit {rc}"
+    verdict = [l.strip() for l in tail.splitlines() if l.startswith("JAIL CHECK")]
+    return [f"jail ({why}): " + (verdict[-1][:300] if verdict else last_line(tail, rc))]
+
+
 def bench_verdicts(report_path: Path, solutions: Path) -> list[str]:
     """Problems with the bench report's verdicts (empty: every one as expected)."""
     if not report_path.exists():
@@ -158,11 +179,6 @@ def main() -> int:
         summary["steps"][name] = {"rc": rc, "seconds": round(time.monotonic() - started, 1)}
         return rc, tail
 
-    def last_line(tail: str, rc: int) -> str:
-        lines = [l.strip() for l in tail.splitlines() if l.strip()]
-        verdict = [l for l in lines if "as expected" in l or " passed" in l or " failed" in l]
-        return (verdict or lines or [f"exit {rc}"])[-1][:300]
-
     rc, _ = step("environment", [sys.executable, "-c", "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"], 60)
     if rc != 0:
         summary["failures"].append("no usable CUDA device (see environment.log)")
@@ -175,6 +191,10 @@ def main() -> int:
     bench_lane: dict = {}
     bench_thread = threading.Thread(target=lambda: bench_lane.update(result=step("bench", bench_command, 275, cache="cache_bench")))
     bench_thread.start()
+    jail_lane: dict = {}
+    jail_thread = threading.Thread(target=lambda: jail_lane.update(result=step("jail", JAIL_COMMAND, JAIL_LIMIT_S,
+                                                                              cache="cache_jail")))
+    jail_thread.start()
 
     rc, tail = step("cuda_tests", [sys.executable, "-m", "pytest", "-v", "-m", "cuda", "-p", "no:cacheprovider", "--tb=short", "--timeout=100", "-n", "4", *CUDA_TEST_FILES], 120)
     if rc != 0:
@@ -186,6 +206,8 @@ def main() -> int:
     if rc != 0:
         summary["failures"].append("small outputs: " + last_line(tail, rc))
 
+    jail_thread.join()
+    summary["failures"] += jail_failures(*jail_lane.get("result", (1, "the jail lane did not run")))
     bench_thread.join()
     rc, _ = bench_lane["result"]
     problems = bench_verdicts(report_dir / "report.json", ROOT / "examples" / "solutions")

@@ -5,8 +5,11 @@ Host backend: they run where CI runs (root, no GPU). Static source checks are of
 tests: what is under test is what holds when a form slips past them.
 """
 
+import ctypes
+import errno
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -15,9 +18,12 @@ import pytest
 
 from cuda_agent.jail import python_binds
 from cuda_agent.jail.uids import UID_CLAIMS_DIR, UID_SPAN
+from cuda_agent.contracts import JobError, check_job_settings
 from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.isolation import sandbox
-from evaluator_helpers import AXPY_TASK, build_cache, host, kernel_with, model_new_with, workspace  # noqa: F401
+from evaluator_cuda.solutions import Solution
+from evaluator_helpers import (AXPY_TASK, BINDING, KERNEL, build_cache, host, kernel_with,  # noqa: F401
+                               model_new_with, workspace)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
                                 reason="the jail's own uid needs root (CI and the GPU machines run as root)")
@@ -144,6 +150,111 @@ subprocess.Popen(["setsid", "sleep", "601"], stdout=subprocess.DEVNULL, stderr=s
     assert not (UID_CLAIMS_DIR / str(uid)).exists()  # the uid was given back
 
 
+# A static initialiser that runs when the candidate's library loads: it tries to enter another
+# network namespace (setns by name and by syscall number), to make new ones, to reach a listener
+# outside and to write a file outside, and records each call's errno for escape_report().
+ESCAPE_INITIALISER = r"""#include <cerrno>
+#include <cstdint>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <sys/socket.h>
+#include <unistd.h>
+namespace {
+int64_t report[7];
+int64_t attempt(long result) { return result < 0 ? errno : 0; }
+int64_t reach_listener() {
+  int fd = syscall(SYS_socket, AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return errno;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(PORT);
+  addr.sin_addr.s_addr = htonl(0x7f000001);
+  int64_t got = attempt(syscall(SYS_connect, fd, &addr, sizeof addr));
+  close(fd);
+  return got;
+}
+int64_t effective_caps() {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &header, data) < 0) return -errno;
+  return data[0].effective | (int64_t(data[1].effective) << 32);
+}
+struct Escape {
+  Escape() {
+    report[0] = attempt(setns(open("/proc/self/ns/net", O_RDONLY), CLONE_NEWNET));
+    report[1] = attempt(syscall(SYS_setns, -1, 0));
+    report[2] = attempt(unshare(CLONE_NEWUSER | CLONE_NEWNET));
+    report[3] = attempt(syscall(SYS_unshare, 0));
+    report[4] = reach_listener();
+    report[5] = attempt(open("MARKER", O_WRONLY | O_CREAT, 0644));
+    report[6] = effective_caps();
+  }
+} escape;
+}
+extern "C" void escape_report(int64_t* out) { for (int k = 0; k < 7; ++k) out[k] = report[k]; }
+"""
+ESCAPE_BINDING = """
+extern "C" void escape_report(int64_t* out);
+std::vector<int64_t> report() { std::vector<int64_t> out(7); escape_report(out.data()); return out; }
+REGISTER_BINDING(escape_report, report);
+"""
+
+
+def _escape_workspace(port: int, marker: Path, model_new: str) -> Solution:
+    kernel = ESCAPE_INITIALISER.replace("PORT", str(port)).replace("MARKER", str(marker)) + KERNEL.replace("OP", "+")
+    files = {"model_new.py": model_new.encode(), "kernels/axpy.cpp": kernel.encode(),
+             "kernels/axpy_binding.cpp": (BINDING.replace("BODY", "") + ESCAPE_BINDING).encode()}
+    return Solution("workspace", files, "model_new.py", "axpy")
+
+
+def _unfiltered_errnos() -> tuple[str, int]:
+    """Control, in this process (root, no filter): setns on a bad fd is EBADF, unshare(0) succeeds."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    x86 = os.uname().machine == "x86_64"
+    setns = libc.syscall(ctypes.c_long(308 if x86 else 268), ctypes.c_long(-1), ctypes.c_long(0))
+    bad_fd = errno.errorcode[ctypes.get_errno()] if setns < 0 else "0"
+    return bad_fd, libc.syscall(ctypes.c_long(272 if x86 else 97), ctypes.c_long(0))
+
+
+def test_a_static_initialiser_cannot_enter_other_namespaces(build_cache, tmp_path):
+    """Once a C++ static initialiser entered the parent's network namespace with setns() (root, every
+    capability), from where the candidate sent the broker a forged verdict. In the jail the seccomp filter answers every
+    namespace call with EPERM: setns on a bad fd and unshare(0), which the kernel alone answers with
+    EBADF and success, show it is the filter that refuses; no capability is held either. The wrong
+    kernel keeps its honest verdict, and the listener and folder outside the jail see nothing."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    outside.chmod(0o777)
+    marker = outside / "escaped"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    wrong = model_new_with("return cuda_extension.axpy_forward(x, y, float(self.alpha) + 1.0)")
+    shown = model_new_with("return x", prelude='raise RuntimeError("SHOWN " + repr(cuda_extension.escape_report()))')
+    try:
+        record = evaluate(AXPY_TASK, _escape_workspace(port, marker, wrong), _settings(build_cache))
+        assert (record["status"], record["reward"]) == ("incorrect", -1), record["message"]
+        record = evaluate(AXPY_TASK, _escape_workspace(port, marker, shown), _settings(build_cache))
+        assert record["status"] == "runtime_error" and "SHOWN" in record["message"], record["message"]
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+    assert not marker.exists() and list(outside.iterdir()) == []
+    report = json.loads(record["message"].split("SHOWN ", 1)[1].split("]", 1)[0] + "]")
+    setns_named, setns_bad_fd, unshare_new, unshare_zero, connect, outside_file, caps = report
+    assert _unfiltered_errnos() == ("EBADF", 0)
+    assert [errno.errorcode[e] for e in (setns_named, setns_bad_fd, unshare_new, unshare_zero)] == ["EPERM"] * 4
+    assert errno.errorcode[connect] == "ECONNREFUSED"  # its own network namespace: nothing listens there
+    assert errno.errorcode[outside_file] == "ENOENT"  # not EACCES: the folder is not in its view at all
+    assert caps == 0
+
+
 def test_a_loop_in_forward_is_stopped_by_the_call_limit(build_cache):
     forward = "while True:\n    pass"
     begin = time.monotonic()
@@ -180,6 +291,18 @@ def test_machine_memory_bounds_the_child_limit(build_cache):
     settings = _settings(build_cache, child_memory_bytes=1 << 50)
     available = sandbox.available_memory_bytes()
     assert sandbox.child_memory_limit(settings) <= max(available, 1 << 30)
+
+
+def test_file_size_and_open_files_settings_reach_the_jailed_candidate(build_cache):
+    settings = _settings(build_cache, child_file_size_bytes=3 * 1024**2, child_open_files=77)
+    expression = "[__import__('resource').getrlimit(getattr(__import__('resource'), n)) for n in ('RLIMIT_FSIZE', " \
+                 "'RLIMIT_NOFILE')]"
+    record = evaluate(AXPY_TASK, workspace(model_new=_show(expression)), settings)
+    assert f"SHOWN [({3 * 1024**2}, {3 * 1024**2}), (77, 77)]" in record["message"], record["message"]
+    rlimits = record["sandbox"]["jail"]["rlimits"]
+    assert rlimits["file_size_bytes"] == 3 * 1024**2 and rlimits["open_files"] == 77
+    with pytest.raises(JobError, match="child_file_size_bytes, child_open_files"):
+        check_job_settings({"child_file_size_bytes": 1 << 40, "child_open_files": 1 << 20})
 
 
 def test_require_jail_refuses_instead_of_downgrading(build_cache, monkeypatch):

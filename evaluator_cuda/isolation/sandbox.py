@@ -38,11 +38,10 @@ from pathlib import Path
 import cuda_agent.jail as jail_mod
 from cuda_agent.jail import uids as jail_uids
 
+from ..settings import CHILD_FILE_SIZE_BYTES, CHILD_OPEN_FILES
 from . import wire
 
 CHANNEL_FD_ENV = "CUDA_AGENT_CHANNEL_FD"
-DEFAULT_FILE_SIZE_LIMIT = 8 * 1024**3
-DEFAULT_OPEN_FILES_LIMIT = 4096
 
 
 class ChildFailed(Exception):
@@ -114,7 +113,8 @@ def network_namespace_prefix() -> list[str]:
     return list(_NETNS_PREFIX)
 
 
-def protections(memory_bytes: int | None, extra_processes: int, cpu_seconds: int, isolate_network: bool) -> dict:
+def protections(memory_bytes: int | None, extra_processes: int, cpu_seconds: int, isolate_network: bool,
+                file_size_bytes: int = CHILD_FILE_SIZE_BYTES, open_files: int = CHILD_OPEN_FILES) -> dict:
     """What a child gets, as recorded in the result: which protections applied and which not."""
     prefix = network_namespace_prefix() if isolate_network else []
     return {
@@ -124,7 +124,8 @@ def protections(memory_bytes: int | None, extra_processes: int, cpu_seconds: int
         "extra_processes": (extra_processes if os.getuid() != 0
                             else f"{extra_processes} (not enforced: running as root)"),
         "cpu_seconds": cpu_seconds,
-        "file_size_bytes": DEFAULT_FILE_SIZE_LIMIT,
+        "file_size_bytes": file_size_bytes,
+        "open_files": open_files,
         "solution_read_only": "by permissions" + (" (not enforced: running as root)" if os.getuid() == 0 else ""),
         "command_prefix": prefix,
     }
@@ -147,6 +148,20 @@ def describe_exit(returncode: int | None) -> str:
     return f"exited with status {returncode}"
 
 
+def _own_limits(guard: dict, jailed: bool) -> tuple[int, int, int, int, int]:
+    """limit_resources()'s arguments for a child with `guard`. Jailed, only file size and open files
+    (the jail's own values): the jail sets memory, processes (of its own uid) and CPU time as hard
+    limits the child cannot raise."""
+    jail_settings = guard.get("jail") or {}
+    file_size = jail_settings.get("file_size_bytes") or guard.get("file_size_bytes") or CHILD_FILE_SIZE_BYTES
+    open_files = jail_settings.get("open_files") or guard.get("open_files") or CHILD_OPEN_FILES
+    if jailed:
+        return file_size, open_files, 0, 0, 0
+    procs = guard.get("extra_processes") or 0
+    procs = procs if isinstance(procs, int) else 0
+    return file_size, open_files, guard.get("memory_bytes") or 0, procs, guard.get("cpu_seconds") or 0
+
+
 class Child:
     """A running child process with its channel. Use as a context manager; close() kills the group."""
 
@@ -156,13 +171,13 @@ class Child:
         workdir: Path,
         env: dict[str, str] | None = None,
         log_name: str | None = None,
-        file_size_limit: int = DEFAULT_FILE_SIZE_LIMIT,
         guard: dict | None = None,
         binds: tuple = (),
     ):
         """`guard`: child_guard() for an untrusted child (the jail, or rlimits and a network
-        namespace); None: plain limits. `binds`: what a jailed child sees besides the system,
-        Python and the evaluator's code (jail.Bind; the working folder is not shown unless bound)."""
+        namespace); None: the default file-size and open-files limits only. `binds`: what a jailed child
+        sees besides the system, Python and the evaluator's code (jail.Bind; the working folder is not
+        shown unless bound)."""
         self.role = role
         self.workdir = Path(workdir)
         self.log_path = self.workdir / (log_name or f"{role}.log")
@@ -171,13 +186,7 @@ class Child:
         guard = guard or {}
         jail_settings = guard.get("jail") or {}
         jailed = bool(jail_settings.get("enabled"))
-        procs = guard.get("extra_processes") or 0
-        procs = procs if isinstance(procs, int) and not jailed else 0  # jailed: RLIMIT_NPROC of its own uid
-        limits = (file_size_limit, DEFAULT_OPEN_FILES_LIMIT, guard.get("memory_bytes") or 0, procs,
-                  guard.get("cpu_seconds") or 0)
-        if jailed:  # the jail sets memory, processes and CPU time (hard limits the child cannot raise)
-            limits = (min(file_size_limit, jail_settings.get("file_size_bytes") or file_size_limit),
-                      DEFAULT_OPEN_FILES_LIMIT, 0, 0, 0)
+        limits = _own_limits(guard, jailed)
         child_env = {} if jailed else dict(os.environ)
         child_env.update(env or {})
         child_env[CHANNEL_FD_ENV] = str(child_sock.fileno())
@@ -365,14 +374,15 @@ def child_guard(settings) -> dict:
     """
     memory = child_memory_limit(settings)
     guard = protections(memory, settings.child_max_processes, settings.child_cpu_seconds,
-                        settings.isolate_network and not jails_children(settings))
+                        settings.isolate_network and not jails_children(settings),
+                        settings.child_file_size_bytes, settings.child_open_files)
     require = settings.require_jail if settings.require_jail is not None else require_jail_default()
     if jails_children(settings):
         guard["jail"] = {
             "enabled": True, "require": bool(require), "uid_base": settings.jail_uid_base,
             "gpu": settings.backend == "cuda", "memory_bytes": memory, "processes": settings.child_max_processes,
-            "cpu_seconds": settings.child_cpu_seconds, "file_size_bytes": DEFAULT_FILE_SIZE_LIMIT,
-            "open_files": DEFAULT_OPEN_FILES_LIMIT, "tmp_bytes": settings.jail_tmp_bytes,
+            "cpu_seconds": settings.child_cpu_seconds, "file_size_bytes": settings.child_file_size_bytes,
+            "open_files": settings.child_open_files, "tmp_bytes": settings.jail_tmp_bytes,
         }
         guard["network"] = "namespace (the jail's)"
         guard["extra_processes"] = f"{settings.child_max_processes} (RLIMIT_NPROC of the jail's own uid)"

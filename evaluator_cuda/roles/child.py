@@ -16,6 +16,7 @@ import traceback
 from ..isolation import wire
 from ..isolation.sandbox import (CHANNEL_FD_ENV, LIMITS_ENV, SLOT_DIR_ENV, WARM_ENV, limit_resources, remove_slot_dir,
                                  warm_up)
+from ..settings import CHILD_FILE_SIZE_BYTES, CHILD_OPEN_FILES
 from ..timing.kernel_trace import TRACE_ENV, start_trace
 from .errors import HandlerError, one_line
 
@@ -37,7 +38,7 @@ def _handlers(role: str):
 
 
 def serve(role: str) -> None:
-    limits = [int(v) for v in os.environ.pop(LIMITS_ENV, "8589934592,4096").split(",")]
+    limits = [int(v) for v in os.environ.pop(LIMITS_ENV, f"{CHILD_FILE_SIZE_BYTES},{CHILD_OPEN_FILES}").split(",")]
     limit_resources(*limits)
     sock = socket.socket(fileno=int(os.environ[CHANNEL_FD_ENV]))
     os.environ.pop(CHANNEL_FD_ENV, None)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import cuda_agent.jail as jail
 from cuda_agent.jail import uids
-from evaluator_cuda.isolation.sandbox import DEFAULT_FILE_SIZE_LIMIT, HARNESS_PACKAGES, JAIL_ENV_FIXED, JAIL_ENV_KEEP
+from evaluator_cuda.isolation.sandbox import HARNESS_PACKAGES, JAIL_ENV_FIXED, JAIL_ENV_KEEP
+from evaluator_cuda.settings import CHILD_FILE_SIZE_BYTES
 
 GiB = 1024**3
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -86,7 +87,7 @@ def worker_spec(backend: str, limits: WorkerLimits, uid: int) -> jail.JailSpec:
              *(jail.nvidia_library_binds() if gpu else ()))
     memory = limits.memory_bytes
     rlimits = jail.Limits(address_space_bytes=memory, data_bytes=memory, processes=limits.processes,
-                          file_size_bytes=DEFAULT_FILE_SIZE_LIMIT, open_files=limits.open_files)
+                          file_size_bytes=CHILD_FILE_SIZE_BYTES, open_files=limits.open_files)
     return jail.JailSpec(binds=binds, uid=uid, cwd=SCRATCH, env=_environment(), limits=rlimits,
                          path=os.path.dirname(sys.executable) + ":" + jail.DEFAULT_PATH,
                          devices=jail.gpu_devices() if gpu else (), tmp_bytes=limits.scratch_bytes,

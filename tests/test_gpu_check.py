@@ -1,0 +1,73 @@
+"""scripts/gpu_check.py without a GPU: the jail lane (scripts/check_jail.py --gpu) runs beside the others
+under its own limit and its pass or fail is part of the check's verdict; a step past its limit is cut."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fake_steps(jail_result: tuple[int, str], calls: dict):
+    """A run_step that answers every step as passed, the jail lane with `jail_result`."""
+
+    def run_step(name, command, limit_s, out, env):
+        calls[name] = (command, limit_s)
+        if name == "jail":
+            return jail_result
+        return 0, "11 passed\n"
+
+    return run_step
+
+
+def _check(monkeypatch, tmp_path, jail_result: tuple[int, str]) -> tuple[int, dict, dict]:
+    gpu_check, calls = _script(), {}
+    monkeypatch.setattr(gpu_check, "run_step", _fake_steps(jail_result, calls))
+    monkeypatch.setattr(gpu_check, "bench_verdicts", lambda report, solutions: [])
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py"])
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("GPU_CHECK_WORK", str(tmp_path / "work"))
+    code = gpu_check.main()
+    return code, json.loads((tmp_path / "out" / "gpu_check.json").read_text()), calls
+
+
+def test_the_jail_lane_runs_check_jail_on_the_gpu_under_its_own_limit(monkeypatch, tmp_path):
+    gpu_check = _script()
+    code, summary, calls = _check(monkeypatch, tmp_path, (0, "... nvcc ok 1\nJAIL CHECK PASS\n"))
+    command, limit = calls["jail"]
+    assert command[1:3] == ["scripts/check_jail.py", "--gpu"]
+    assert limit == gpu_check.JAIL_LIMIT_S < gpu_check.TOTAL_LIMIT_S
+    assert code == 0 and summary["passed"] and summary["failures"] == []
+
+
+def test_a_failing_jail_lane_fails_the_check(monkeypatch, tmp_path, capsys):
+    tail = "torch in the jail: no device\nJAIL CHECK FAIL: torch.cuda in the jail\n"
+    code, summary, _ = _check(monkeypatch, tmp_path, (1, tail))
+    assert code == 1 and not summary["passed"]
+    assert summary["failures"] == ["jail (exit 1): JAIL CHECK FAIL: torch.cuda in the jail"]
+    assert "GPU CHECK FAIL: jail (exit 1)" in capsys.readouterr().out
+
+
+def test_a_jail_lane_cut_at_its_limit_or_without_its_pass_line_fails():
+    gpu_check = _script()
+    assert gpu_check.jail_failures(0, "JAIL CHECK PASS\n") == []
+    assert gpu_check.jail_failures(124, "... torch on CUDA in the jail\n") == [
+        "jail (cut at its limit): ... torch on CUDA in the jail"]
+    assert gpu_check.jail_failures(0, "start-up (median of 5 ): {}\n") == ["jail (exit 0): start-up (median of 5 ): {}"]
+
+
+def test_a_step_that_hangs_is_cut_at_its_limit_after_showing_its_lines(tmp_path, capsys):
+    gpu_check = _script()
+    hang = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(600)"]
+    rc, tail = gpu_check.run_step("hang", hang, 2, tmp_path, {"PATH": "/usr/bin:/bin"})
+    assert rc == 124 and "started" in tail
+    assert "[hang] started" in capsys.readouterr().out
+    assert "cut at its 2 s limit" in (tmp_path / "hang.log").read_text()
