@@ -87,6 +87,7 @@ def synthesize(
     from .pipeline.journal import JournalError
     from .filter.pool import WorkersCannotStart
     from .pipeline.run import RunOptions, Stopped, Synthesis, SynthesisError
+    from .pipeline.outputs import second_tries
 
     if backend not in ("auto", "cuda", "host"):
         _fail(f"unknown backend {backend!r} (expected auto, cuda or host)")
@@ -116,6 +117,7 @@ def synthesize(
         raise typer.Exit(code=130)
     written = _finish(run, time.monotonic() - begin)
     _say(_start_up_line(run))
+    _say(second_tries(run.journal.entries))
     short = {c: q - run.kept[c] for c, q in run.quotas.items() if run.kept[c] < q}
     typer.echo(f"{written} tasks in {out}; report in {_report_path(out)}")
     if short:

@@ -5,6 +5,12 @@ The target composition is the paper's Table 3 (CUDA-Agent-Ops-6K): one operator 
 drops a task whose normalised-AST similarity to any evaluation program is at least 0.9. The
 paper keeps tasks whose eager forward takes 1-100 ms on the target GPU; on the host backend the
 window is a separate setting (small CPU runs are far faster than a GPU task of record).
+
+The run's workers share one GPU: a candidate that runs out of GPU memory is tried again later,
+`oom_retries` times at most, then rejected at stage `gpu_memory`. A programmatic candidate whose
+eager forward runs below the window's low end is drawn again with its batch multiplied by
+ceil(1.5 x low / measured), at most `batch_scale_max` (1: never) and only as far as its planned
+memory stays within `memory_bytes`.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class SynthesisConfig:
     compile: bool = True  # the evaluator's torch.compile baseline must run (it also times eager and compile)
     evaluator: bool = True  # the evaluator's reference self-check must come out `correct`
     attempts_per_task: int = 20  # candidates tried per requested task before the run gives up
+    oom_retries: int = 2  # further tries of a candidate that ran out of GPU memory, then a `gpu_memory` rejection
+    batch_scale_max: int = 64  # the largest batch factor for a candidate below the window (1: no scale-up)
 
     def __post_init__(self):
         unknown = sorted(set(self.composition) - set(CATEGORIES))
@@ -48,8 +56,10 @@ class SynthesisConfig:
         for backend, window in self.window_ms.items():
             if len(window) != 2 or not 0 <= float(window[0]) < float(window[1]):
                 raise ConfigError(f"window_ms.{backend} must be [low, high] with 0 <= low < high")
-        if self.attempts_per_task < 1 or self.memory_bytes < 1:
-            raise ConfigError("attempts_per_task and memory_bytes must be positive")
+        if self.attempts_per_task < 1 or self.memory_bytes < 1 or self.batch_scale_max < 1:
+            raise ConfigError("attempts_per_task, memory_bytes and batch_scale_max must be positive")
+        if self.oom_retries < 0:
+            raise ConfigError("oom_retries must be zero or more")
 
     def window(self, backend: str) -> tuple[float, float]:
         low, high = self.window_ms.get(backend, HOST_WINDOW_MS)

@@ -6,7 +6,10 @@ operator takes a different rank, an adapter reshapes first (flatten the trailing
 split the trailing ones into channels and a square or cubic extent); where it is defined only
 on part of the real line, an adapter maps the values into its domain. Adapters are not counted
 as operators. A plan is drawn from its own seed, so the same (seed, category, index) gives the
-same task.
+same task. A batch factor draws the same plan with its batch multiplied (every size pool's batch
+and the size bound scaled alike, so every choice falls the same way): each shape is re-inferred
+by the family rules, so an operator whose sizes follow the batch (a flattened batch, a reduction
+down to it) stays right.
 """
 
 from __future__ import annotations
@@ -140,10 +143,21 @@ def _plan_once(category: str, by_family: dict, blocks: list, rng: random.Random,
     return Plan(category, shape, steps)
 
 
-def compose(category: str, operators: list[dict], seed: int, scale: str = "small") -> Plan:
-    """A plan of `category` operators (or one transformers block), drawn from `seed`."""
+def scaled_sizes(sizes: dict, batch_factor: int) -> dict:
+    """The size pools with every batch size and the size bound multiplied by `batch_factor`."""
+    if batch_factor == 1:
+        return sizes
+    return {**sizes, "batch": [b * batch_factor for b in sizes["batch"]],
+            "max_numel": sizes["max_numel"] * batch_factor}
+
+
+def compose(category: str, operators: list[dict], seed: int, scale: str = "small", batch_factor: int = 1) -> Plan:
+    """A plan of `category` operators (or one transformers block), drawn from `seed`; with `batch_factor`, the
+    same plan with its batch multiplied."""
+    if batch_factor < 1:
+        raise ValueError(f"batch_factor must be at least 1, got {batch_factor}")
     rng = random.Random(seed)
-    sizes = SIZES[scale]
+    sizes = scaled_sizes(SIZES[scale], batch_factor)
     by_family = usable([op for op in operators if op["family"] != "block"])
     blocks = [op for op in operators if op["family"] == "block"]
     last = None

@@ -37,8 +37,9 @@ class ProgrammaticComposer:
     def __init__(self, operators: list[dict], scale: str):
         self.operators, self.scale = operators, scale
 
-    def draft(self, category: str, seed: int) -> Draft:
-        plan = compose(category, self.operators, seed, self.scale)
+    def draft(self, category: str, seed: int, batch_factor: int = 1) -> Draft:
+        """The task of (category, seed); with `batch_factor`, the same task with its batch multiplied."""
+        plan = compose(category, self.operators, seed, self.scale, batch_factor)
         return Draft(render(plan), plan, self.name)
 
 

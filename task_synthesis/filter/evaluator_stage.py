@@ -6,7 +6,9 @@ from secret seeds and rejects a random or input-independent task (`task_error` w
 `task_degenerate`); the candidate child (here the task's own Model, jailed) must come out
 `correct`; with profiling on, the reference child also times the eager and `torch.compile`
 baselines, and a compile that fails is a rejection. What the API does not report (a peak memory
-of the children) the in-process stage estimates instead.
+of the children) the in-process stage estimates instead. A record that names a (CUDA)
+out-of-memory error anywhere is stage `gpu_memory`, whatever its status: the run's workers and
+their children share the GPU, so the run tries the candidate again later.
 """
 
 from __future__ import annotations
@@ -21,6 +23,17 @@ def evaluator_settings(backend: str, compile_baseline: bool, cache_dir: str | No
     return EvalSettings.for_backend(backend, **overrides).to_dict()
 
 
+def _check_gpu_memory(record: dict) -> None:
+    """Rejected at `gpu_memory` when the record's message, compile error or degenerate reason is out of memory."""
+    from .execution import Rejected
+    from .gpu_memory import out_of_memory
+
+    for field in ("message", "compile_baseline_error", "task_degenerate"):
+        text = str(record.get(field) or "")
+        if out_of_memory(text):
+            raise Rejected("gpu_memory", f"the evaluator's {record.get('status')} ({field}): {text[:200]}")
+
+
 def check_with_evaluator(name: str, source: str, settings: dict) -> dict:
     """The evaluator's verdict on the task's reference; returns its times, raises Rejected."""
     from evaluator_cuda.evaluation import evaluate
@@ -32,6 +45,7 @@ def check_with_evaluator(name: str, source: str, settings: dict) -> dict:
 
     task = Task(name=name, source=source, origin="task_synthesis")
     record = evaluate(task, reference_solution(task.stem), EvalSettings.from_dict(settings))
+    _check_gpu_memory(record)
     if record.get("task_degenerate"):
         raise Rejected("evaluator", f"degenerate: {record['task_degenerate']}")
     if record["status"] != "correct":

@@ -12,16 +12,21 @@ kernel would pass it) and `window` (the median eager forward time within the bac
 from __future__ import annotations
 
 import math
+import sys
 import time
+
+from . import gpu_memory
 
 ATOL = 1e-2  # the evaluator's tolerance (paper: atol = rtol = 1e-2)
 TIMED_CALLS = 5
 
 
 class Rejected(Exception):
-    def __init__(self, stage: str, reason: str):
+    """A candidate's rejection at `stage`; `measured`: what was measured before it (reported with it)."""
+
+    def __init__(self, stage: str, reason: str, measured: dict | None = None):
         super().__init__(f"{stage}: {reason}")
-        self.stage, self.reason = stage, reason
+        self.stage, self.reason, self.measured = stage, reason, dict(measured or {})
 
 
 def _one_line(exc: BaseException) -> str:
@@ -55,14 +60,17 @@ def _load(name: str, source: str):
 
     from evaluator_cuda.tasks import TaskError, exec_task
 
+    module_name = f"synth_{abs(hash(name))}"
     try:
-        namespace = exec_task(name, source, module_name=f"synth_{abs(hash(name))}")
+        namespace = exec_task(name, source, module_name=module_name)
         torch.manual_seed(0)
         model = namespace["Model"](*namespace["get_init_inputs"]()).eval()
     except TaskError as exc:
         raise Rejected("load", exc.problem) from None
     except Exception as exc:
         raise Rejected("load", _one_line(exc)) from None
+    finally:
+        sys.modules.pop(module_name, None)  # nothing of the candidate outlives its checks in the worker
     return namespace, model
 
 
@@ -73,7 +81,7 @@ def _forward(model, inputs):
         with torch.no_grad():
             return model(*[v.clone() if isinstance(v, torch.Tensor) else v for v in inputs])
     except Exception as exc:
-        raise Rejected("eager", _one_line(exc)) from None
+        raise Rejected("gpu_memory" if gpu_memory.out_of_memory(exc) else "eager", _one_line(exc)) from None
 
 
 def _check_output(out, expected_shape) -> None:
@@ -98,7 +106,8 @@ def _on(device: str, value):
             return [v.to(device) if isinstance(v, torch.Tensor) else v for v in value]
         return value.to(device)
     except Exception as exc:
-        raise Rejected("load", f"moving to {device}: {_one_line(exc)}") from None
+        stage = "gpu_memory" if gpu_memory.out_of_memory(exc) else "load"
+        raise Rejected(stage, f"moving to {device}: {_one_line(exc)}") from None
 
 
 def _median_ms(model, inputs, device: str = "cpu") -> float:
@@ -122,34 +131,53 @@ def _check_inputs(inputs: list, expected: list | None) -> None:
         raise Rejected("inputs", f"get_inputs() gave {got}, the task was asked for {[list(s) for s in expected]}")
 
 
+def _first_forward(model, inputs, device: str, memory_bytes: int):
+    """(the first forward's output, its measured peak on a GPU or None); Rejected at `memory` above the bound."""
+    gpu_memory.reset_peak(device)
+    out = _forward(model, inputs)
+    peak = gpu_memory.peak_bytes(device)
+    if peak is not None and peak > memory_bytes:
+        raise Rejected("memory", f"a measured peak of {peak / 2**20:.1f} MiB on {device} during the forward, above "
+                                 f"the {memory_bytes / 2**20:.0f} MiB bound")
+    return out, peak
+
+
+def _check_dependence(out, other) -> None:
+    import torch
+
+    if other.shape == out.shape and torch.equal(other, out):
+        raise Rejected("input_dependent", "the output does not depend on the inputs")
+    if float(out.abs().max()) < ATOL and float(other.abs().max()) < ATOL:
+        raise Rejected("input_dependent", f"every output below the tolerance {ATOL:g} (all zeros would pass)")
+
+
 def run_checks(name: str, source: str, expected_shape, shapes, window_ms, memory_bytes: int,
                input_shapes: list | None = None, device: str = "cpu") -> dict:
-    """Every in-process check; returns what was measured (eager_ms, bytes), raises Rejected.
-    `input_shapes`: the shapes get_inputs() must give (None: not checked). `device`: where the forwards
-    run and are timed ("cuda" for the cuda backend: its window is a GPU time)."""
+    """Every in-process check; returns what was measured (eager_ms, bytes, on a GPU peak_bytes), raises Rejected
+    (a window rejection carries eager_ms and bytes). `input_shapes`: the shapes get_inputs() must give (None: not
+    checked). `device`: where the forwards run and are timed ("cuda" for the cuda backend: its window is a GPU
+    time). The planned bytes are checked before anything moves to `device`."""
     import torch
 
     namespace, model = _load(name, source)
     parameter_bytes = _nbytes([*model.parameters(), *model.buffers()])
     inputs = _inputs(namespace, 1)
     _check_inputs(inputs, input_shapes)
-    model, inputs = _on(device, model), _on(device, inputs)
     if shapes is None:  # no plan (an LLM's task): the input and output are what is known
         shapes = [list(v.shape) for v in inputs if isinstance(v, torch.Tensor)]
     total = check_memory(shapes, parameter_bytes, memory_bytes)
-    out = _forward(model, inputs)
+    model, inputs = _on(device, model), _on(device, inputs)
+    out, peak = _first_forward(model, inputs, device, memory_bytes)
     _check_output(out, expected_shape)
     if not torch.equal(out, _forward(model, inputs)):
         raise Rejected("deterministic", "random: two runs on the same inputs disagree")
-    other = _forward(model, _on(device, _inputs(namespace, 2)))
-    if other.shape == out.shape and torch.equal(other, out):
-        raise Rejected("input_dependent", "the output does not depend on the inputs")
-    if float(out.abs().max()) < ATOL and float(other.abs().max()) < ATOL:
-        raise Rejected("input_dependent", f"every output below the tolerance {ATOL:g} (all zeros would pass)")
+    _check_dependence(out, _forward(model, _on(device, _inputs(namespace, 2))))
     for _ in range(2):  # warm-up (a backend's first call may set up kernels)
         _forward(model, inputs)
     eager_ms = _median_ms(model, inputs, device)
     low, high = window_ms
     if not low <= eager_ms <= high:
-        raise Rejected("window", f"eager forward {eager_ms:.4g} ms outside [{low:g}, {high:g}] ms")
-    return {"eager_ms": round(eager_ms, 6), "bytes": total, "output_shape": list(out.shape)}
+        raise Rejected("window", f"eager forward {eager_ms:.4g} ms outside [{low:g}, {high:g}] ms",
+                       {"eager_ms": round(eager_ms, 6), "bytes": total})
+    measured = {"eager_ms": round(eager_ms, 6), "bytes": total, "output_shape": list(out.shape)}
+    return {**measured, "peak_bytes": peak} if peak is not None else measured

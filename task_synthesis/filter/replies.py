@@ -1,6 +1,7 @@
 """A worker's verdict, checked before the run believes it. A worker runs candidate code in-process, so its
 reply is untrusted data: only the known keys with the expected types and ranges pass, and the reply must
-name the job it answers (its key and the job's nonce). Anything else is a `worker` rejection."""
+name the job it answers (its key and the job's nonce). Anything else is a `worker` rejection. Besides kept
+and rejected, a verdict may be status `retry` at stage `gpu_memory`: the GPU ran out of memory."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ FILTER_STAGES = ("memory", "load", "inputs", "eager", "output", "deterministic",
 MAX_REASON_CHARS = 1000
 MAX_RANK = 8
 _MEASURES = ("filter_s", "eager_ms", "evaluator_eager_us", "evaluator_compile_us", "evaluator_wall_s")
-_KEYS = {"key", "nonce", "status", "stage", "reason", "bytes", "output_shape", *_MEASURES}
+_COUNTS = ("bytes", "peak_bytes")
+_KEYS = {"key", "nonce", "status", "stage", "reason", "output_shape", *_MEASURES, *_COUNTS}
 
 
 class MalformedReply(ValueError):
@@ -42,11 +44,11 @@ def _outcome(reply: dict) -> dict:
     status, stage, reason = reply.get("status"), reply.get("stage"), reply.get("reason")
     if status == "kept" and stage is None and reason is None:
         return {"status": "kept", "stage": None, "reason": None}
-    if status != "rejected" or stage not in FILTER_STAGES:
+    if (status, stage) != ("retry", "gpu_memory") and (status != "rejected" or stage not in FILTER_STAGES):
         raise MalformedReply(f"status {str(status)[:20]!r} at stage {str(stage)[:20]!r} is not a verdict")
     if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
         raise MalformedReply("a rejection without a reason of at most 1000 characters")
-    return {"status": "rejected", "stage": stage, "reason": reason}
+    return {"status": status, "stage": stage, "reason": reason}
 
 
 def checked_verdict(reply: dict, job: dict) -> dict:
@@ -60,10 +62,11 @@ def checked_verdict(reply: dict, job: dict) -> dict:
     for name in _MEASURES:
         if name in reply:
             verdict[name] = _number(reply[name], name)
-    if "bytes" in reply:
-        if isinstance(reply["bytes"], bool) or not isinstance(reply["bytes"], int) or reply["bytes"] < 0:
-            raise MalformedReply("bytes is not a non-negative integer")
-        verdict["bytes"] = reply["bytes"]
+    for name in _COUNTS:
+        if name in reply:
+            if isinstance(reply[name], bool) or not isinstance(reply[name], int) or reply[name] < 0:
+                raise MalformedReply(f"{name} is not a non-negative integer")
+            verdict[name] = reply[name]
     if "output_shape" in reply:
         verdict["output_shape"] = _shape(reply["output_shape"])
     return verdict

@@ -15,8 +15,8 @@ from collections import Counter
 from pathlib import Path
 
 STAGES = ("compose", "reply", "syntax", "screen", "decontaminate", "duplicate", "memory", "load", "inputs", "eager",
-          "output", "deterministic", "input_dependent", "window", "timeout", "evaluator", "compile", "worker",
-          "filter_error")
+          "output", "deterministic", "input_dependent", "window", "timeout", "evaluator", "compile", "gpu_memory",
+          "worker", "filter_error")
 
 
 def kept_entries(entries: list[dict]) -> list[dict]:
@@ -93,6 +93,16 @@ def survival(entries: list[dict]) -> list[tuple[str, int, int]]:
     return rows
 
 
+def second_tries(entries: list[dict]) -> str:
+    """One line: the GPU out-of-memory tries again and the batch scale-ups of the decided candidates."""
+    retried = [e for e in entries if e.get("gpu_retries")]
+    scaled = [e for e in entries if e.get("batch_factor")]
+    at_gpu_memory = sum(e["status"] != "kept" and e["stage"] == "gpu_memory" for e in entries)
+    return (f"out of GPU memory: {sum(e['gpu_retries'] for e in retried)} tries again of {len(retried)} candidates "
+            f"({len(kept_entries(retried))} then kept), {at_gpu_memory} rejected at gpu_memory; batch scaled up for "
+            f"{len(scaled)} candidates below the window ({len(kept_entries(scaled))} kept)")
+
+
 def write_report(entries: list[dict], quotas: dict, composition: dict, wall_s: float, path: Path,
                  plot: Path | None, settings: dict) -> Path:
     kept = kept_entries(entries)
@@ -117,6 +127,7 @@ def write_report(entries: list[dict], quotas: dict, composition: dict, wall_s: f
     reasons = Counter((e["stage"], _reason_class(e["reason"])) for e in entries if e["status"] != "kept")
     for (stage, reason), n in sorted(reasons.items(), key=lambda kv: (STAGES.index(kv[0][0]), -kv[1])):
         lines.append(f"| {stage} | {reason.replace('|', '/')} | {n} |")
+    lines += ["", "## Second tries", "", second_tries(entries)]
     lines += ["", "## Times", ""] + _times(entries, kept, wall_s)
     if plot is not None:
         lines += ["", "## Similarity to the evaluation programs", "", f"![similarity]({plot.name})"]

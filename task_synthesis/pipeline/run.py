@@ -10,6 +10,14 @@ the run alone writes the journal and treats their verdicts as untrusted data). C
 drawn for the category furthest below its quota (quotas.py), so the kept set follows the target
 composition whichever composer writes them. Every decision goes to the journal before the next
 one; a resumed run replays the journal.
+
+Two verdicts are not decisions yet (second_tries.py): a candidate that ran out of GPU memory is
+put back and tried again once as many candidates as there are workers were decided since (at
+most `oom_retries` times, then rejected at `gpu_memory`), and a programmatic candidate whose eager
+forward ran below the window is drawn again with its batch multiplied, under a derived name
+(`synth_2op_00017_x16`) and the same key. Either way the candidate is journaled once, with its
+final verdict, the GPU retries it took and its batch factor; one in flight or waiting at a crash
+is drawn again on resume like any other.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import time
 from pathlib import Path
 
 from ..catalogue import store
+from ..catalogue.families import ShapeError
 from ..compose.chat_client import ChatSettings, EndpointError
 from ..compose.drafts import DraftRejected, ProgrammaticComposer, start_draft
 from ..config import SynthesisConfig
@@ -34,6 +43,7 @@ from ..filter.screen import screen
 from ..similarity.score import SimilarityIndex, fingerprint
 from .journal import Journal, journal_path
 from .quotas import quotas
+from .second_tries import Requeue, activation_bytes, batch_factor
 
 
 class Stopped(RuntimeError):
@@ -142,6 +152,8 @@ class Synthesis:
         self.tried = {c: 0 for c in self.quotas}
         self.done: set[str] = set()
         self.next_index = {c: 0 for c in self.quotas}
+        self.jobs: dict[str, dict] = {}  # key -> the job of a candidate in the filter or waiting to be tried again
+        self.requeue = Requeue(delay=options.workers)
         self.began = time.monotonic()
         self._replay()
 
@@ -206,6 +218,9 @@ class Synthesis:
             return {**entry, "status": "rejected", "stage": exc.stage, "reason": exc.reason, "reply": exc.reply}, None
         except Exception as exc:
             return {**entry, "status": "rejected", "stage": "compose", "reason": str(exc)[:200]}, None
+        return self._screen_draft(entry, draft)
+
+    def _screen_draft(self, entry: dict, draft) -> tuple[dict, dict | None]:
         plan, source = draft.plan, draft.source
         entry = {**entry, "ops": plan.ops, "input_shape": plan.input_shape, "output_shape": plan.output_shape,
                  "source": source}
@@ -228,13 +243,16 @@ class Synthesis:
         if near >= threshold:
             reason = f"similarity {near:.2f} to {name}"
             return {**entry, "status": "rejected", "stage": "duplicate", "reason": reason}, None
+        return entry, self._job(entry, plan)
+
+    def _job(self, entry: dict, plan) -> dict:
         job = {"key": entry["key"], "name": entry["name"], "source": entry["source"],
                "expected_shape": plan.output_shape, "shapes": plan.shapes(),
                "window_ms": self.o.config.window(self.o.backend), "memory_bytes": self.o.config.memory_bytes,
                "evaluator": self._evaluator_settings(), "device": "cuda" if self.o.backend == "cuda" else "cpu"}
         if entry.get("composer"):  # written by a model: it must also take the input it was asked to take
             job["input_shapes"] = [plan.input_shape]
-        return entry, job
+        return job
 
     def _evaluator_settings(self) -> dict | None:
         if not self.o.config.evaluator:
@@ -246,7 +264,57 @@ class Synthesis:
 
     # --- deciding -------------------------------------------------------------------------------
 
+    def _verdict(self, filtering: dict, entry: dict, result: dict) -> None:
+        """A worker's verdict: the candidate is tried again later (out of GPU memory), drawn again with a larger
+        batch (below the window), or decided."""
+        if result["status"] == "retry":
+            self._retry(entry, result)
+            return
+        scaled = self._scale_up(entry, result)
+        if scaled is not None:
+            self._submit_or_decide(filtering, *scaled)
+        else:
+            self._decide(entry, result)
+
+    def _retry(self, entry: dict, result: dict) -> None:
+        """Put a candidate that ran out of GPU memory back, or reject it at `gpu_memory` after `oom_retries`."""
+        tries = entry.get("gpu_retries", 0)
+        if tries >= self.o.config.oom_retries:
+            reason = f"out of GPU memory in {tries + 1} tries; the last: {result['reason']}"
+            final = {"status": "rejected", "stage": "gpu_memory", "reason": reason[:1000]}
+            self._decide(entry, {**final, **({"filter_s": result["filter_s"]} if "filter_s" in result else {})})
+            return
+        entry = {**entry, "gpu_retries": tries + 1}
+        self.requeue.put(entry, self.jobs[entry["key"]], len(self.journal.entries))
+        self.say(f"{self._progress()} {entry['name']} out of GPU memory, tried again later "
+                 f"({tries + 1} of {self.o.config.oom_retries}): {result['reason'][:80]}")
+
+    def _scale_up(self, entry: dict, result: dict) -> tuple[dict, dict | None] | None:
+        """(entry, job or None) of the same draw with its batch multiplied, for a programmatic candidate whose
+        eager forward ran below the window (once); None for any other verdict."""
+        low = self.o.config.window(self.o.backend)[0]
+        eager_ms = result.get("eager_ms") or 0.0
+        if self.composer.name != "programmatic" or entry.get("batch_factor") or result["stage"] != "window" \
+                or not 0 < eager_ms < low:
+            return None
+        job = self.jobs[entry["key"]]
+        activations = activation_bytes(job["shapes"])
+        factor = batch_factor(eager_ms, low, self.o.config.batch_scale_max, result.get("bytes") or activations,
+                              activations, job["memory_bytes"])
+        try:
+            draft = self.composer.draft(entry["category"], entry["seed"], factor) if factor > 1 else None
+        except ShapeError:  # not expected (the same draws fall the same way): the verdict stands
+            draft = None
+        if draft is None:
+            return None
+        scaled = {**entry, "name": f"{task_name(entry['category'], entry['index'])}_x{factor}",
+                  "batch_factor": factor, "unscaled_eager_ms": eager_ms}
+        self.say(f"{self._progress()} {entry['name']} eager {eager_ms:.3g} ms below the window: scaled batch "
+                 f"{entry['input_shape'][0]} -> {draft.plan.input_shape[0]} as {scaled['name']}")
+        return self._screen_draft(scaled, draft)
+
     def _decide(self, entry: dict, result: dict | None) -> None:
+        self.jobs.pop(entry["key"], None)
         if result is not None:
             entry = {**entry, **{k: v for k, v in result.items() if k != "key"}}
             if entry["status"] == "kept":  # a sibling kept while this one ran may be its near-duplicate
@@ -259,11 +327,14 @@ class Synthesis:
         self._count(entry)
         self._report_progress(entry)
 
-    def _report_progress(self, entry: dict) -> None:
+    def _progress(self) -> str:
         kept, decided = sum(self.kept.values()), len(self.journal.entries)
         hours = max(1e-9, (time.monotonic() - self.began) / 3600)
+        return f"[{kept}/{self.o.count} kept, {decided} tried, {kept / hours:.0f} kept/h]"
+
+    def _report_progress(self, entry: dict) -> None:
         what = "kept" if entry["status"] == "kept" else f"rejected at {entry['stage']}: {entry['reason'][:80]}"
-        self.say(f"[{kept}/{self.o.count} kept, {decided} tried, {kept / hours:.0f} kept/h] {entry['name']} {what}")
+        self.say(f"{self._progress()} {entry['name']} {what}")
 
     def run(self) -> dict:
         """Synthesise until every quota is met or its attempts are spent; returns the kept count per category.
@@ -278,9 +349,9 @@ class Synthesis:
                 self._loop(drafting, filtering)
         except (Stopped, KeyboardInterrupt):
             self.pool.stop()
+            lost = len(drafting) + len(filtering) + len(self.requeue)
             raise Stopped(f"stopped with {len(self.journal.entries)} candidates decided; "
-                          f"{len(drafting) + len(filtering)} in flight are lost, run the same command to resume") \
-                from None
+                          f"{lost} in flight are lost, run the same command to resume") from None
         except BaseException:  # EndpointError, WorkersCannotStart, or a fault of the run: no worker outlives it
             self.pool.stop()
             raise
@@ -289,7 +360,7 @@ class Synthesis:
 
     def _open_categories(self, drafting: dict, filtering: dict) -> list[str]:
         counts: dict = {}
-        for entry in [*drafting.values(), *filtering.values()]:
+        for entry in [*drafting.values(), *filtering.values(), *self.requeue.entries()]:
             counts[entry["category"]] = counts.get(entry["category"], 0) + 1
         return self._deficits(counts)
 
@@ -300,15 +371,9 @@ class Synthesis:
 
     def _loop(self, drafting: dict, filtering: dict) -> None:
         """Draft candidates while quotas are open and there is room; screen each draft as it is made, hand
-        it to a worker, decide each as its worker finishes."""
+        it to a worker, decide each as its worker finishes (or put it back, or draw it again scaled up)."""
         while True:
-            open_ = self._open_categories(drafting, filtering)
-            if open_ and self._room(drafting, filtering):
-                entry, future = self._start(open_[0])
-                if future.done():  # a programmatic draft: screened at once, in a reproducible order
-                    self._screened(filtering, entry, future)
-                else:
-                    drafting[future] = entry
+            if self._room(drafting, filtering) and self._start_one(drafting, filtering):
                 continue
             if not drafting and not filtering:
                 break
@@ -318,13 +383,34 @@ class Synthesis:
                     self._screened(filtering, drafting.pop(future), future)
                 else:
                     entry = filtering.pop(future)
-                    self._decide(entry, future.result())  # a verdict, or a `worker` rejection (filter/pool.py)
+                    self._verdict(filtering, entry, future.result())  # or a `worker` rejection (filter/pool.py)
+
+    def _start_one(self, drafting: dict, filtering: dict) -> bool:
+        """Hand a worker a candidate due to be tried again, else start a draft; False when there is neither
+        (a candidate waiting to be tried again goes at once when nothing else would start)."""
+        open_ = self._open_categories(drafting, filtering)
+        again = self.requeue.take(len(self.journal.entries), force=not open_ or not (drafting or filtering))
+        if again is not None:
+            entry, job = again
+            filtering[self.pool.submit(job)] = entry
+            return True
+        if not open_:
+            return False
+        entry, future = self._start(open_[0])
+        if future.done():  # a programmatic draft: screened at once, in a reproducible order
+            self._screened(filtering, entry, future)
+        else:
+            drafting[future] = entry
+        return True
 
     def _screened(self, filtering: dict, entry: dict, future) -> None:
-        entry, job = self._drafted(entry, future)
+        self._submit_or_decide(filtering, *self._drafted(entry, future))
+
+    def _submit_or_decide(self, filtering: dict, entry: dict, job: dict | None) -> None:
         if job is None:
             self._decide(entry, None)
         else:
+            self.jobs[entry["key"]] = job
             filtering[self.pool.submit(job)] = entry
 
 
