@@ -374,7 +374,7 @@ def _run_command(plan: dict, exec_fd: int) -> None:
     """In `command`: never returns. `exec_fd` is a close-on-exec pipe whose closing tells init
     that this process has dropped its privileges (or ended)."""
     try:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)  # a signal held for it arrives now
+        _release_signals()
         os.setsid()
         if plan["drop"]:
             drop_privileges(plan)
@@ -425,27 +425,42 @@ def _fail(message: str, code: int) -> None:
 
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_WAITED = (*_FORWARDED, signal.SIGCHLD)
+_launch_mask: set = set()  # the signal mask the stage was started with; the command gets it back
 
 
 def _hold_signals() -> None:
-    """Block the forwarded signals until `_forward_signals` has a target: a signal that arrives
-    in between waits instead of being lost (pid 1 of a pid namespace drops one it has no handler
-    for, so a termination sent while the jail was being built never reached the command)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+    """Block the forwarded signals and SIGCHLD for good: the stage and init take them with
+    `_supervise`, synchronously. (A Python-level handler is not enough: a signal caught just
+    before a blocking waitpid leaves its handler pending until the child exits, and pid 1 of a
+    pid namespace drops a signal it has no handler for.)"""
+    global _launch_mask
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an inherited SIG_IGN would reap the children
+    _launch_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
 
 
-def _forward_signals(pid: int) -> None:
-    """Forward the termination signals to `pid`, then deliver the ones held so far."""
+def _release_signals() -> None:
+    """In the command, before exec: the launch mask back (a held signal arrives now)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, _launch_mask - set(_WAITED))
 
-    def forward(signum, frame):
-        try:
-            os.kill(pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
-    for signum in _FORWARDED:
-        signal.signal(signum, forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+def _supervise(pid: int) -> int:
+    """Forward the termination signals to `pid` and reap every child until `pid` ends; its
+    wait status. Raises ChildProcessError if there is no child left to wait for."""
+    while True:
+        signum = signal.sigwaitinfo(_WAITED).si_signo
+        if signum != signal.SIGCHLD:
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+            continue
+        while True:  # one SIGCHLD may stand for several children
+            done, status = os.waitpid(-1, os.WNOHANG)
+            if done == pid:
+                return status
+            if done == 0:
+                break
 
 
 def _init(plan: dict, alive_fd: int, report_fd: int) -> None:
@@ -475,9 +490,8 @@ def _init(plan: dict, alive_fd: int, report_fd: int) -> None:
     # The init keeps no privilege either, but drops it only once the command has (a signal it
     # forwards from a lower uid to a command still at a higher one would be refused); its
     # parent-death signal is cleared by the uid change, so it is armed again (and the pipe
-    # closes the race).
+    # closes the race). A signal that arrives meanwhile is held and forwarded after.
     try:
-        _forward_signals(pid)
         _wait_until_closed(exec_read)
         if plan["drop"]:
             drop_privileges(plan)
@@ -487,13 +501,10 @@ def _init(plan: dict, alive_fd: int, report_fd: int) -> None:
     except (SetupError, OSError) as error:
         os.kill(pid, signal.SIGKILL)
         report({"error": f"init: {error}"}, SETUP_FAILED)
-    while True:
-        try:
-            done, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            report({"error": "init: the command vanished"}, SETUP_FAILED)
-        if done == pid:
-            break
+    try:
+        status = _supervise(pid)
+    except ChildProcessError:
+        report({"error": "init: the command vanished"}, SETUP_FAILED)
     if os.WIFSIGNALED(status):
         report({"signal": os.WTERMSIG(status)}, 128 + os.WTERMSIG(status))
     report({"exit": os.WEXITSTATUS(status)}, os.WEXITSTATUS(status))
@@ -543,8 +554,10 @@ def main() -> None:
         _init(plan, alive_read, report_write)
     os.close(alive_read)
     os.close(report_write)
-    _forward_signals(pid)
-    _, status = os.waitpid(pid, 0)
+    try:
+        status = _supervise(pid)
+    except ChildProcessError:
+        _fail("jail: init vanished", SETUP_FAILED)
     message = b""
     while chunk := os.read(report_read, 65536):
         message += chunk
@@ -555,8 +568,6 @@ def main() -> None:
     if "error" in outcome:
         _fail(f"jail: {outcome['error']}", SETUP_FAILED)
     if "signal" in outcome:
-        for forwarded in _FORWARDED:
-            signal.signal(forwarded, signal.SIG_DFL)
         _die_by(outcome["signal"])
     if "exit" in outcome:
         os._exit(outcome["exit"])
@@ -570,6 +581,7 @@ def _die_by(signum: int) -> None:
     """End this process by `signum` (SIGKILL and SIGSTOP take no handler, so theirs is not reset)."""
     if signum not in (signal.SIGKILL, signal.SIGSTOP):
         signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
     os.kill(os.getpid(), signum)
     os._exit(128 + signum)
 
