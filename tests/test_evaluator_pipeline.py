@@ -301,11 +301,16 @@ def test_fast_build_and_torch_build_give_the_same_verdicts(build_cache):
 
     layernorm = _small_example_task("layernorm", ROWS=64, HIDDEN=256)
     example = read_solution(Path(__file__).resolve().parents[1] / "examples" / "solutions" / "host" / "layernorm")
+    torch_built = False
     for fast in (True, False):
         settings = host(build_cache, fast_build=fast)
         honest = evaluate(layernorm, example, settings)
+        torch_built |= not fast and not honest["build"]["cache_hit"]
         assert honest["status"] == "correct", (fast, honest["message"], honest["diagnostics"][:2])
         libs = [p for p in Path(build_cache).rglob("*.so") if honest["build"]["key"] in str(p)]
         assert libs and is_fast_extension(libs[0]) == fast  # the candidate ran on the library of that path
         wrong = evaluate(AXPY_TASK, workspace("-"), settings)
         assert wrong["status"] == "incorrect" and wrong["reward"] == -1
+    from evaluator_cuda.extension.pch import ready_pch
+
+    assert ready_pch(settings) is not None or not torch_built  # a torch build left the header precompiled
