@@ -297,6 +297,7 @@ def test_fast_build_and_torch_build_give_the_same_verdicts(build_cache):
     quick): test_fastbuild.py compares the outputs of the same two builds of it, and whichever test
     comes first builds them for both (the build cache is keyed by the kernels, not the task)."""
     from evaluator_cuda.extension.fast.binding_runtime import is_fast_extension
+    from evaluator_cuda.extension.pch import ready_pch
     from evaluator_cuda.solutions import read_solution
 
     layernorm = _small_example_task("layernorm", ROWS=64, HIDDEN=256)
@@ -311,6 +312,4 @@ def test_fast_build_and_torch_build_give_the_same_verdicts(build_cache):
         assert libs and is_fast_extension(libs[0]) == fast  # the candidate ran on the library of that path
         wrong = evaluate(AXPY_TASK, workspace("-"), settings)
         assert wrong["status"] == "incorrect" and wrong["reward"] == -1
-    from evaluator_cuda.extension.pch import ready_pch
-
     assert ready_pch(settings) is not None or not torch_built  # a torch build left the header precompiled

@@ -49,7 +49,7 @@ def test_the_header_is_made_without_the_builds_own_include_folder(tmp_path, comp
     assert pch.ready_pch(settings) is None
     assert pch.make_pch(_ninja(work, flags), settings)
     [command] = compiler_calls
-    assert command[0] == "/usr/bin/g++" and not any(str(work) in part for part in command[:-4])
+    assert command[0] == "/usr/bin/g++" and not any(str(work) in part for part in command)
     assert ["-isystem", TORCH_INCLUDE] == command[command.index("-isystem"):command.index("-isystem") + 2]
     assert "-DTORCH_EXTENSION_NAME=cuda_extension" in command and "-O3" in command
     assert pch.ready_pch(settings) == pch.pch_folder(settings) / "binding_registry.h"

@@ -82,12 +82,7 @@ def _safe_command(cxx: list[str], flags: list[str], untrusted_roots: tuple[str, 
 def _without_own_includes(flags: list[str], work: str) -> list[str]:
     """The flags less `-I` of the build's own folders: the header is compiled from a trusted copy
     and needs only torch's folders (the sources the build wrote are never read for it)."""
-    return [f for f in flags if not (f.startswith("-I") and _under(f[2:], work))]
-
-
-def _under(path: str, root: str) -> bool:
-    return os.path.normpath(path) == os.path.normpath(root) or os.path.normpath(path).startswith(
-        os.path.normpath(root) + os.sep)
+    return [f for f in flags if not (f.startswith("-I") and Path(os.path.normpath(f[2:])).is_relative_to(work))]
 
 
 def make_pch(ninja_file: Path, settings: EvalSettings) -> bool:
