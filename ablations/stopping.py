@@ -15,8 +15,12 @@ from typing import Iterator
 _NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
 
-class Stopped(RuntimeError):
-    """SIGTERM or Ctrl-C stopped the run; what it saved stays, and the same command resumes it."""
+class Stopped(BaseException):
+    """SIGTERM or Ctrl-C stopped the run; what it saved stays, and the same command resumes it.
+
+    A BaseException, as KeyboardInterrupt is: it is raised from a signal handler at whatever line the
+    main thread is on, and code that catches Exception there (a fallback around a file read, or
+    threading.Condition.notify, which catches RuntimeError) must not swallow it."""
 
 
 class StopSignals:

@@ -23,11 +23,8 @@ is drawn again on resume like any other.
 from __future__ import annotations
 
 import concurrent.futures as futures
-import contextlib
 import dataclasses
 import hashlib
-import signal
-import threading
 import time
 from pathlib import Path
 
@@ -44,27 +41,11 @@ from ..similarity.score import SimilarityIndex, fingerprint
 from .journal import Journal, journal_path
 from .quotas import quotas
 from .second_tries import Requeue, activation_bytes, batch_factor
+from .stopping import POLL_S, StopRequests
 
 
 class Stopped(RuntimeError):
     """The run was stopped (SIGTERM or Ctrl-C); what was decided is in the journal."""
-
-
-@contextlib.contextmanager
-def stop_on_sigterm():
-    """SIGTERM raises Stopped in the main thread for the duration (elsewhere: nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise Stopped("SIGTERM")
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class SynthesisError(ValueError):
@@ -345,9 +326,9 @@ class Synthesis:
         filtering: dict = {}  # future of a worker's verdict -> entry
         self.pool = WorkerPool(Launcher(self.o.backend, self.jailed, self.limits), self.o.workers)
         try:
-            with stop_on_sigterm():
-                self._loop(drafting, filtering)
-        except (Stopped, KeyboardInterrupt):
+            with StopRequests() as stop:
+                self._loop(drafting, filtering, stop)
+        except Stopped:
             self.pool.stop()
             lost = len(drafting) + len(filtering) + len(self.requeue)
             raise Stopped(f"stopped with {len(self.journal.entries)} candidates decided; "
@@ -369,15 +350,18 @@ class Synthesis:
         concurrency = self.composer.concurrency
         return len(drafting) + len(filtering) < self.o.workers + concurrency and len(drafting) < max(1, concurrency)
 
-    def _loop(self, drafting: dict, filtering: dict) -> None:
+    def _loop(self, drafting: dict, filtering: dict, stop: StopRequests) -> None:
         """Draft candidates while quotas are open and there is room; screen each draft as it is made, hand
-        it to a worker, decide each as its worker finishes (or put it back, or draw it again scaled up)."""
+        it to a worker, decide each as its worker finishes (or put it back, or draw it again scaled up).
+        Raises Stopped at the first step after a stop is requested."""
         while True:
+            if stop.requested:
+                raise Stopped(stop.requested)
             if self._room(drafting, filtering) and self._start_one(drafting, filtering):
                 continue
             if not drafting and not filtering:
                 break
-            finished, _ = futures.wait([*drafting, *filtering], return_when=futures.FIRST_COMPLETED)
+            finished, _ = futures.wait([*drafting, *filtering], POLL_S, return_when=futures.FIRST_COMPLETED)
             for future in [f for f in [*drafting, *filtering] if f in finished]:  # in the order they started
                 if future in drafting:
                     self._screened(filtering, drafting.pop(future), future)
