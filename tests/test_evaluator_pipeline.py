@@ -3,22 +3,19 @@ diagnostics, the baseline cache and the service API. Builds are shared across te
 sessions) through the content-hash build cache, so each distinct source compiles once."""
 
 import json
-import os
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from evaluator_cuda.timing.baselines import BaselineCache, baseline_key
 from evaluator_cuda.evaluation import evaluate
-from evaluator_cuda.isolation.static_checks import check_solution_sources
 from evaluator_cuda.service import compile_job, evaluate_job, job_settings
 from evaluator_cuda.settings import EvalSettings
 from evaluator_cuda.solutions import Solution, reference_solution
 from evaluator_cuda.tasks import Task
 
-from evaluator_helpers import AXPY_TASK, BINDING, KERNEL, MODEL_NEW, build_cache, host, kernelbench, workspace  # noqa: F401  (build_cache is a fixture)
+from evaluator_helpers import AXPY_TASK, KERNEL, build_cache, host, kernelbench, workspace  # noqa: F401  (build_cache is a fixture)
 
 
 def test_honest_host_workspace_is_correct(build_cache):
@@ -290,19 +287,24 @@ def _small_example_task(stem: str, **sizes: int) -> Task:
 
 
 @pytest.mark.slow
-def test_fast_build_and_torch_build_give_the_same_verdicts(build_cache):
-    """The default fast build (evaluator_cuda.extension.fast) and the torch build agree on verdicts.
+def test_fast_build_and_torch_build_give_the_same_verdicts_and_outputs(build_cache):
+    """The default fast build (evaluator_cuda.extension.fast) and the torch build (torch's cpp_extension
+    build of the harness's binding.cpp and the kernels at -O3) agree on verdicts, and their libraries on
+    every output bit.
 
-    The honest candidate is the layernorm host example (on a small layernorm, so that its checks are
-    quick): test_fastbuild.py compares the outputs of the same two builds of it, and whichever test
-    comes first builds them for both (the build cache is keyed by the kernels, not the task)."""
+    The candidate is the layernorm host example, on a small layernorm so that its checks are quick. The
+    wrong case is the same candidate against a task it does not solve: the build cache is keyed by the
+    kernels, so each path builds once, and the one torch build (about 30 s here) serves both cases."""
     from evaluator_cuda.extension.fast.binding_runtime import is_fast_extension
     from evaluator_cuda.extension.pch import ready_pch
     from evaluator_cuda.solutions import read_solution
 
     layernorm = _small_example_task("layernorm", ROWS=64, HIDDEN=256)
+    other = Task(name="layernorm_relu", source=layernorm.source.replace("self.bias, self.eps)",
+                                                                        "self.bias, self.eps).relu()"))
+    assert other.source != layernorm.source
     example = read_solution(Path(__file__).resolve().parents[1] / "examples" / "solutions" / "host" / "layernorm")
-    torch_built = False
+    torch_built, libraries = False, {}
     for fast in (True, False):
         settings = host(build_cache, fast_build=fast)
         honest = evaluate(layernorm, example, settings)
@@ -310,6 +312,28 @@ def test_fast_build_and_torch_build_give_the_same_verdicts(build_cache):
         assert honest["status"] == "correct", (fast, honest["message"], honest["diagnostics"][:2])
         libs = [p for p in Path(build_cache).rglob("*.so") if honest["build"]["key"] in str(p)]
         assert libs and is_fast_extension(libs[0]) == fast  # the candidate ran on the library of that path
-        wrong = evaluate(AXPY_TASK, workspace("-"), settings)
-        assert wrong["status"] == "incorrect" and wrong["reward"] == -1
+        libraries[fast] = libs[0]
+        wrong = evaluate(other, example, settings)
+        assert wrong["status"] == "incorrect" and wrong["reward"] == -1, (fast, wrong["message"])
+        assert wrong["build"]["cache_hit"] and wrong["build"]["key"] == honest["build"]["key"]
     assert ready_pch(settings) is not None or not torch_built  # a torch build left the header precompiled
+    _same_layernorm_outputs(libraries[True], libraries[False])
+
+
+def _same_layernorm_outputs(fast_so: Path, torch_so: Path) -> None:
+    """Both libraries, loaded here, give bit-identical layernorms, equal to torch's own."""
+    import importlib.util
+
+    import torch
+
+    from evaluator_cuda.extension.fast.binding_runtime import load_fast_extension
+
+    spec = importlib.util.spec_from_file_location("cuda_extension", torch_so)  # PyInit_cuda_extension
+    full = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(full)  # not registered in sys.modules: other tests import their own cuda_extension
+    fast = load_fast_extension(fast_so, module_name="cuda_extension_fast")
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(64, 256), 1 + 0.5 * torch.randn(256), 0.5 * torch.randn(256)
+    expected = full.layernorm_forward(x, weight, bias, 1e-5)
+    torch.testing.assert_close(fast.layernorm_forward(x, weight, bias, 1e-5), expected, rtol=0, atol=0)
+    torch.testing.assert_close(expected, torch.nn.functional.layer_norm(x, (256,), weight, bias, 1e-5))

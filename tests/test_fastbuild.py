@@ -613,34 +613,6 @@ def test_load_extension_picks_the_fast_loader(axpby_ext):
     assert sys.modules["cuda_extension_again"] is module
 
 
-@pytest.mark.slow
-def test_fast_and_full_torch_builds_give_identical_outputs(cache):
-    """The same host example built the CUDA-Agent way and the fast way.
-
-    The CUDA-Agent way is the evaluator's torch build: torch.utils.cpp_extension.load of the harness's
-    binding.cpp and the kernels at -O3 (~26 s here). It is cached in the tests' evaluator cache, where
-    test_evaluator_pipeline.py's verdict test builds the same kernels: whichever test comes first builds."""
-    from evaluator_cuda.extension.build import build_workspace
-    from evaluator_cuda.settings import EvalSettings, cache_root
-    from evaluator_cuda.solutions import read_solution
-
-    solution = EXAMPLES / "solutions" / "host" / "layernorm"
-    torch_build = build_workspace(read_solution(solution).files,
-                                  EvalSettings.for_backend("host", cache_dir=str(cache_root()), fast_build=False))
-    assert torch_build.status == "built" and not is_fast_extension(torch_build.so_path), torch_build.diagnostics[:2]
-    spec = importlib.util.spec_from_file_location("cuda_extension", torch_build.so_path)  # PyInit_cuda_extension
-    full = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(full)  # not registered in sys.modules: other tests import their own cuda_extension
-    result = build_fast(solution, backend="host", cache_dir=cache)
-    fast = load_fast_extension(result.so_path, module_name="cuda_extension_fast")
-    assert hasattr(full, "layernorm_forward") and hasattr(fast, "layernorm_forward")
-    torch.manual_seed(0)
-    x, weight, bias = torch.randn(64, 256), 1 + 0.5 * torch.randn(256), 0.5 * torch.randn(256)
-    expected = full.layernorm_forward(x, weight, bias, 1e-5)
-    torch.testing.assert_close(fast.layernorm_forward(x, weight, bias, 1e-5), expected, rtol=0, atol=0)
-    torch.testing.assert_close(expected, torch.nn.functional.layer_norm(x, (256,), weight, bias, 1e-5))
-
-
 def test_cli_reports_status_and_exit_code(cache, tmp_path):
     import typer
     from typer.testing import CliRunner
