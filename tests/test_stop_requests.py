@@ -17,7 +17,7 @@ def _signal_inside_code_that_catches_runtime_errors(signum: int) -> None:
     """What threading.Condition.notify does around a waiter's release."""
     try:
         os.kill(os.getpid(), signum)
-        for _ in range(1000):  # lines for the handler to run between
+        for _ in range(100_000):  # lines for the handler to run between (it runs at the first)
             pass
     except RuntimeError:
         pass
