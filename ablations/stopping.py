@@ -8,11 +8,9 @@ written whole or not at all.
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 from typing import Iterator
 
-_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+from cuda_agent.stop_signals import StopSignalScope
 
 
 class Stopped(BaseException):
@@ -23,28 +21,17 @@ class Stopped(BaseException):
     threading.Condition.notify, which catches RuntimeError) must not swallow it."""
 
 
-class StopSignals:
+class StopSignals(StopSignalScope):
     def __init__(self) -> None:
+        super().__init__()
         self._holding = 0
         self._pending: str | None = None
-        self._previous: dict = {}
 
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for signum in _NAMES:
-                self._previous[signum] = signal.signal(signum, self._on_signal)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
-
-    def _on_signal(self, signum, frame) -> None:
+    def on_stop(self, name: str) -> None:
         if self._holding:
-            self._pending = self._pending or _NAMES[signum]
+            self._pending = self._pending or name
             return
-        raise Stopped(_NAMES[signum])
+        raise Stopped(name)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:

@@ -84,8 +84,10 @@ def test_read_solution_job_matches_the_examples_on_disk(tmp_path):
 # Which first-party packages each package may import (the README's table). The console root,
 # cuda_agent/cli.py, registers every package's commands and may import them all. The contract
 # modules (standard library only) are the contracts, the workspace layout and the jail.
-# The metric sink (JSON lines and TensorBoard files, standard library only) serves both training commands.
-CONTRACTS = ("cuda_agent.contracts", "cuda_agent.workspace", "cuda_agent.jail", "cuda_agent.metrics_sink")
+# The metric sink (JSON lines and TensorBoard files, standard library only) serves both training commands;
+# the stop-signal scope serves every long run that stops on SIGTERM or Ctrl-C.
+CONTRACTS = ("cuda_agent.contracts", "cuda_agent.workspace", "cuda_agent.jail", "cuda_agent.metrics_sink",
+             "cuda_agent.stop_signals")
 ALLOWED = {
     "evaluator_cuda": {*CONTRACTS},
     "bridge": {"cuda_agent.contracts"},
@@ -145,7 +147,8 @@ def test_packages_import_only_in_the_stated_directions():
 
 
 @pytest.mark.parametrize("name,allowed", [("cuda_agent.contracts", set()), ("cuda_agent.workspace", {"cuda_agent.contracts"}),
-                                          ("cuda_agent.jail", set()), ("cuda_agent.metrics_sink", set())])
+                                          ("cuda_agent.jail", set()), ("cuda_agent.metrics_sink", set()),
+                                          ("cuda_agent.stop_signals", set())])
 def test_the_contract_modules_need_only_the_standard_library(name, allowed):
     import sys
 

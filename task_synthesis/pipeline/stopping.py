@@ -10,31 +10,18 @@ looks at `requested` between its steps and stops from its own code.
 
 from __future__ import annotations
 
-import signal
-import threading
+from cuda_agent.stop_signals import StopSignalScope
 
 POLL_S = 0.2  # how long the loop waits on its workers before it looks for a stop request again
-_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
 
-class StopRequests:
+class StopRequests(StopSignalScope):
     """While active in the main thread, SIGTERM and SIGINT set `requested` (the first one's name) and
     do nothing else; elsewhere nothing changes and `requested` stays None."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.requested: str | None = None
-        self._previous: dict = {}
 
-    def __enter__(self) -> "StopRequests":
-        if threading.current_thread() is threading.main_thread():
-            for signum in _NAMES:
-                self._previous[signum] = signal.signal(signum, self._on_signal)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
-
-    def _on_signal(self, signum, frame) -> None:
-        self.requested = self.requested or _NAMES[signum]
+    def on_stop(self, name: str) -> None:
+        self.requested = self.requested or name
