@@ -2,7 +2,9 @@
 
 The paper's fix for the rollout/trainer precision mismatch (docs/paper.md §8): the LM head runs
 in float32 (float32 operands, so the head's weights are not rounded to bf16 first, float32
-accumulation) and so does the log-softmax. `precision="bf16"` runs the same computation with bf16
+accumulation) and so does the log-softmax. The head's product asks for the highest precision: at
+the default one, XLA multiplies float32 matrices in one bf16 pass on a TPU and in TF32 on an
+NVIDIA GPU, which would round the float32 master weights again. `precision="bf16"` runs the same computation with bf16
 logits and a bf16 log-softmax, for the ablations.
 
 The head is applied chunk by chunk over the sequence (a `lax.map`), each chunk rematerialised in
@@ -36,7 +38,7 @@ def _chunk_logprobs(hidden_bcd, targets_bc, head_dv, precision: str, temperature
     """log p(target) and entropy for one chunk. [b, c, d], [b, c] -> ([b, c] f32, [b, c] f32)."""
     if precision == "fp32":  # float32 operands, accumulation and log-softmax
         logits_bcv = jnp.einsum("bcd,dv->bcv", hidden_bcd.astype(jnp.float32), head_dv.astype(jnp.float32),
-                                preferred_element_type=jnp.float32)
+                                precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
     else:
         logits_bcv = jnp.einsum("bcd,dv->bcv", hidden_bcd.astype(jnp.bfloat16), head_dv.astype(jnp.bfloat16),
                                 preferred_element_type=jnp.bfloat16)

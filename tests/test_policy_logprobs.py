@@ -179,3 +179,27 @@ def test_the_trainer_scores_at_the_samplers_temperature(tmp_path):
     path.write_text(open("configs/tiny.yaml").read() + "\nsampling:\n  temperature: -1\n")
     with pytest.raises(RunConfigError, match="sampling.temperature must be >= 0"):
         load_run_config(path)
+
+
+def _dot_precisions(precision: str) -> list[str]:
+    """The precision of every matrix product in the lowered program of the head (value and gradient)."""
+    hidden = jax.ShapeDtypeStruct((2, 8, 16), jnp.bfloat16)
+    head = jax.ShapeDtypeStruct((16, 64), jnp.float32)
+    targets = jax.ShapeDtypeStruct((2, 8), jnp.int32)
+
+    def loss(h, w, y):
+        logp, _ = token_logprobs_from_hidden(h, w, y, precision=precision, chunk_size=4)
+        return jnp.sum(logp)
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(hidden, head, targets).as_text()
+    return [line.split("precision = ")[1].split("]")[0] for line in text.splitlines() if "dot_general" in line]
+
+
+def test_fp32_head_asks_for_full_float32_products_on_every_backend():
+    """The CPU computes float32 products exactly whatever is asked, so the float64 tests above cannot see
+    this: at the default precision a TPU multiplies float32 matrices in one bf16 pass and an NVIDIA GPU
+    in TF32. Every product of the fp32 head, forward and backward, must ask for the highest precision."""
+    fp32 = _dot_precisions("fp32")
+    assert len(fp32) >= 3  # logits, and the gradients of the hidden states and of the head
+    assert all(p == "[HIGHEST, HIGHEST" for p in fp32), fp32
+    assert all(p == "[DEFAULT, DEFAULT" for p in _dot_precisions("bf16"))
