@@ -436,3 +436,19 @@ def test_a_jailed_fast_build_uses_a_compiler_installed_outside_the_system_folder
     finally:
         toolchain.find_toolchain.cache_clear()
     assert result.ok, (result.fallback_reason, result.log)
+
+
+# Whether a fresh 24 MiB malloc in the candidate's process was mmap-ed: the IS_MMAPPED bit (2) of the
+# size field glibc keeps just before the block.
+_MMAPPED_24MIB = ("(lambda c: (lambda f: (setattr(f, 'restype', c.c_void_p), "
+                  "c.c_size_t.from_address(f(24 << 20) - 8).value & 2)[1])(c.CDLL(None).malloc))(__import__('ctypes'))")
+
+
+@pytest.mark.parametrize("jailed", [True, False], ids=["jailed", "unjailed"])
+def test_every_child_allocates_blocks_of_a_few_mib_from_its_heap(build_cache, jailed):
+    """glibc's thresholds are fixed in every child, jailed or not, whatever the parent's environment: a
+    block below 32 MiB comes from the heap, where by default (an mmap threshold of 128 KiB, raised only
+    by frees) it would be fresh mmap-ed pages."""
+    settings = _settings(build_cache, jail_children=jailed)
+    record = evaluate(AXPY_TASK, workspace(model_new=_show(_MMAPPED_24MIB)), settings)
+    assert "SHOWN 0" in record["message"], record["message"]
