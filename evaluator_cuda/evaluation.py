@@ -26,9 +26,9 @@ from .extension.build import build_workspace
 from .extension.diagnostics import located, shown_to_agent
 from .extension.torch_build import build_env
 from .gpu_work import attribute_kernels, trace_env, withhold_unbelievable_times
-from .timing.host_baselines import host_baselines
+from .timing.host_baselines import host_baselines, host_eager_sample
 from .timing.host_pin import choose_cpu
-from .timing.stability import baseline_protocol, timing_se_bound, unstable_times
+from .timing.stability import baseline_protocol, baseline_recheck, timing_se_bound, unstable_times
 from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from .isolation.static_checks import check_solution_sources
 from .progress import say
@@ -574,26 +574,26 @@ def _record_times(reference: Child, task: Task, calls: _Calls, timed: _TimedSets
 
 
 def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dict) -> dict:
-    """The eager and torch.compile times of the task: from the cache, or measured now in the
-    reference child (the candidate's child is idle then)."""
+    """The eager and torch.compile times of the task: from the cache when a fresh eager sample taken
+    now agrees with the cached eager time, else measured now in the reference child (the candidate's
+    child is idle then)."""
     protocol = baseline_protocol(settings)
     torch_version = record["versions"].get("torch") or ""
     key = baseline_key(task.source, record["device"] or "", torch_version, settings.compile_mode, protocol)
     cache = BaselineCache(settings.cache_path() / "baselines")
     baselines = cache.get(key)
+    if baselines is not None:
+        check = baseline_recheck(baselines["eager"], _eager_sample(reference, settings, protocol), settings.margin)
+        record["baseline_recheck"] = check
+        if check["stale"]:
+            say(f"the cached eager time ({check['cached_us']:.1f} us) disagrees with a fresh sample "
+                f"({check['fresh_us']:.1f} us): measuring the baselines again")
+            baselines = None
     record["baseline_cache_hit"] = baselines is not None
     if baselines is None:
         say("measuring the eager and torch.compile baselines (cached afterwards)")
         begin = time.perf_counter()
-        if settings.device_type() == "cpu":  # one request per call, as the candidate's calls come
-            measured = host_baselines(reference, settings, timing_se_bound(settings))
-        else:
-            request = {"cmd": "baselines", "compile_mode": settings.compile_mode, **protocol,
-                       "se_bound": timing_se_bound(settings), "budget_s": settings.baseline_budget_s}
-            measured = reply(reference, request, settings.child_timeout_s, harness=True)
-            if not measured.get("ok"):
-                raise reference_failure(measured)
-        baselines = {k: measured.get(k) for k in ("eager", "compile", "compile_error", "compile_first_call_s")}
+        baselines = _measure_baselines(reference, settings, protocol)
         baselines.update(task=task.name, device=record["device"], torch=record["versions"].get("torch"),
                          compile_mode=settings.compile_mode)
         unstable = unstable_times({k: baselines.get(k) for k in ("eager", "compile")}, timing_se_bound(settings))
@@ -603,6 +603,29 @@ def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dic
             cache.put(key, baselines)
         record["wall_s"]["baselines"] = round(time.perf_counter() - begin, 4)
     return baselines
+
+
+def _measure_baselines(reference: Child, settings: EvalSettings, protocol: dict) -> dict:
+    if settings.device_type() == "cpu":  # one request per call, as the candidate's calls come
+        measured = host_baselines(reference, settings, timing_se_bound(settings))
+    else:
+        request = {"cmd": "baselines", "compile_mode": settings.compile_mode, **protocol,
+                   "se_bound": timing_se_bound(settings), "budget_s": settings.baseline_budget_s}
+        measured = reply(reference, request, settings.child_timeout_s, harness=True)
+        if not measured.get("ok"):
+            raise reference_failure(measured)
+    return {k: measured.get(k) for k in ("eager", "compile", "compile_error", "compile_first_call_s")}
+
+
+def _eager_sample(reference: Child, settings: EvalSettings, protocol: dict) -> dict:
+    """One round of eager calls timed now, as the baselines are timed."""
+    if settings.device_type() == "cpu":
+        return host_eager_sample(reference, settings)
+    request = {"cmd": "baselines", "eager_only": True, **protocol, "se_bound": None, "budget_s": 0.0}
+    answer = reply(reference, request, settings.child_timeout_s, harness=True)
+    if not answer.get("ok"):
+        raise reference_failure(answer)
+    return answer["eager"]
 
 
 def _valid_times(times, walls=None) -> dict:

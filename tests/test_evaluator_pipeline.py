@@ -132,23 +132,52 @@ def _plant_baselines(cache_dir: str, settings: EvalSettings, eager_us: float, co
     return cache.path(key)
 
 
-def test_baseline_cache_hit_skips_timing_and_sets_the_reward(tmp_path):
-    """Planted baselines are used as they are: no re-timing, and the reward follows them."""
+def _fresh_sample_agrees(monkeypatch, eager_us: float) -> None:
+    """The fresh eager sample of a cache hit made to agree with the cached time, so that a test of the
+    cache's own rules does not depend on the machine's noise (the re-check has tests of its own)."""
+    from evaluator_cuda import evaluation
+
+    monkeypatch.setattr(evaluation, "_eager_sample", lambda *a: {"median_us": eager_us, "median_rel_se": 0.0})
+
+
+def test_baseline_cache_hit_skips_timing_and_sets_the_reward(tmp_path, monkeypatch):
+    """Cached baselines that a fresh sample agrees with are used as they are: no re-timing, and the
+    reward follows them."""
     settings = host(str(tmp_path), profile=True, timing_se_bound=1e9)  # the reward rule, not the noise
     _plant_baselines(str(tmp_path), settings, eager_us=1e9, compile_us=1e9)
+    _fresh_sample_agrees(monkeypatch, 1e9)
     record = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
     assert record["status"] == "correct", record["message"]
-    assert record["baseline_cache_hit"] is True
+    assert record["baseline_cache_hit"] is True and record["baseline_recheck"]["stale"] is False
     assert record["times_us"]["eager"]["median_us"] == 1e9 and record["times_us"]["compile"]["median_us"] == 1e9
-    assert "baselines" not in record["wall_s"]  # the reference process timed nothing
+    assert "baselines" not in record["wall_s"]  # the reference process timed no baseline
     assert record["reward"] == 3  # far faster than both planted baselines
     assert record["speedup"]["eager"] == pytest.approx(1e9 / record["times_us"]["candidate"]["median_us"])
     _plant_baselines(str(tmp_path), settings, eager_us=1e-3, compile_us=1e-3)
+    _fresh_sample_agrees(monkeypatch, 1e-3)
     assert evaluate(AXPY_TASK, reference_solution("axpy"), settings)["reward"] == 1
 
 
+@pytest.mark.parametrize("planted_us", [1e9, 1e-3], ids=["too_slow", "too_fast"])
+def test_a_cached_eager_time_that_a_fresh_sample_contradicts_is_measured_again(tmp_path, planted_us):
+    """A sealed baseline timed under another load (here planted far from the truth) is not trusted: the
+    eager calls timed in this evaluation contradict it, the baselines are measured again, the cache
+    entry is replaced, and the unchanged reference is not scored as a speed-up."""
+    settings = host(str(tmp_path), profile=True, timing_se_bound=1e9)  # cached whatever the noise
+    path = _plant_baselines(str(tmp_path), settings, eager_us=planted_us, compile_us=planted_us)
+    record = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
+    assert record["status"] == "correct", record["message"]
+    check = record["baseline_recheck"]
+    assert check["stale"] is True and check["cached_us"] == planted_us, check
+    assert record["baseline_cache_hit"] is False and "baselines" in record["wall_s"]
+    eager = record["times_us"]["eager"]["median_us"]
+    assert 1e-3 < eager < 1e9 and eager != planted_us
+    assert json.loads(path.read_text())["eager"]["median_us"] == eager
+    assert record["reward"] != 3
+
+
 @pytest.mark.slow
-def test_baseline_cache_miss_measures_once(tmp_path):
+def test_baseline_cache_miss_measures_once(tmp_path, monkeypatch):
     """First evaluation times eager and torch.compile and stores them; the second reuses them."""
     settings = host(str(tmp_path), profile=True, repeats=3, warmup=1, timing_se_bound=1e9)  # the cache, not the noise
     first = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
@@ -157,6 +186,7 @@ def test_baseline_cache_miss_measures_once(tmp_path):
     stored = list((tmp_path / "baselines").glob("*.json"))
     assert len(stored) == 1
     assert json.loads(stored[0].read_text())["eager"] == first["times_us"]["eager"]
+    _fresh_sample_agrees(monkeypatch, first["times_us"]["eager"]["median_us"])
     second = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
     assert second["baseline_cache_hit"] is True and "baselines" not in second["wall_s"]
     assert second["times_us"]["eager"] == first["times_us"]["eager"]

@@ -11,7 +11,7 @@ import pytest
 from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.solutions import reference_solution
 from evaluator_cuda.timing.profile import median_rel_se, summarize_times
-from evaluator_cuda.timing.stability import unstable_times
+from evaluator_cuda.timing.stability import baseline_recheck, unstable_times
 from evaluator_helpers import AXPY_TASK, build_cache, host, model_new_with, workspace  # noqa: F401
 
 MANY_CPUS = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2
@@ -27,6 +27,21 @@ def test_the_medians_standard_error_follows_the_spread_and_the_count():
     assert unstable_times({"eager": steady, "candidate": noisy}, 0.025).startswith("timing unstable")
     assert "candidate" in unstable_times({"eager": steady, "candidate": noisy}, 0.025)
     assert unstable_times({"eager": steady, "compile": None, "planted": {"median_us": 1.0}}, 0.025) is None
+
+
+def test_a_cached_eager_time_is_stale_beyond_the_margin_and_three_standard_errors():
+    # quiet: both medians known to 1 %, so the 5 % margin decides
+    quiet = lambda us: {"median_us": us, "median_rel_se": 0.01}  # noqa: E731
+    assert baseline_recheck(quiet(100.0), quiet(104.0), 0.05)["stale"] is False
+    assert baseline_recheck(quiet(100.0), quiet(106.0), 0.05)["stale"] is True
+    assert baseline_recheck(quiet(100.0), quiet(94.0), 0.05)["stale"] is True  # ln(0.94) = -0.0619
+    # noisy: 3 x hypot(0.04, 0.03) = 0.15 allowed in log ratio; 1.15 (0.1398) passes, 1.2 (0.1823) does not
+    cached = {"median_us": 100.0, "median_rel_se": 0.04}
+    check = baseline_recheck(cached, {"median_us": 115.0, "median_rel_se": 0.03}, 0.05)
+    assert check["stale"] is False and check["allowed_log_ratio"] == pytest.approx(0.15)
+    assert baseline_recheck(cached, {"median_us": 120.0, "median_rel_se": 0.03}, 0.05)["stale"] is True
+    # a summary without the figure counts as exact
+    assert baseline_recheck({"median_us": 1e9}, quiet(50.0), 0.05)["ratio"] == pytest.approx(5e-8)
 
 
 def test_both_children_time_on_one_cpu_with_the_set_thread_count(build_cache, tmp_path):

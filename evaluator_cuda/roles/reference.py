@@ -233,6 +233,8 @@ class ReferenceRole:
         bound, budget = req.get("se_bound"), float(req.get("budget_s") or 0.0)
         eager = _timed_until_stable(lambda: self.model(*args), kwargs, bound, budget / 2)
         result = {"eager": eager, "compile": None, "compile_error": None}
+        if req.get("eager_only"):
+            return result
         mode = req.get("compile_mode") or "default"
         try:
             compiled = torch.compile(self.model, mode=None if mode == "default" else mode)

@@ -33,6 +33,12 @@ def host_baselines(reference: Child, settings, bound: float) -> dict:
     return result
 
 
+def host_eager_sample(reference: Child, settings) -> dict:
+    """One round of eager calls, timed as the baselines are: the fresh sample a cached eager time is
+    checked against."""
+    return summarize_times(_round(reference, "eager", settings, settings.warmup))
+
+
 def _timed(reference: Child, which: str, settings, bound: float, budget_s: float) -> dict:
     begin = time.perf_counter()
     samples = _round(reference, which, settings, settings.warmup)

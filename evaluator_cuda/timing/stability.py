@@ -7,6 +7,8 @@ torch.compile's) withholds the speed-up reward, and such a baseline is not cache
 
 from __future__ import annotations
 
+import math
+
 
 def timing_se_bound(settings) -> float:
     """The largest relative standard error of a median that still earns a speed-up reward."""
@@ -33,3 +35,15 @@ def baseline_protocol(settings) -> dict:
     if settings.device_type() == "cpu":
         protocol.update(host_threads=settings.host_threads, host_pin_cpu=settings.host_pin_cpu)
     return protocol
+
+
+def baseline_recheck(cached: dict, fresh: dict, margin: float) -> dict:
+    """A cached eager time against a fresh sample of the same calls, taken in this evaluation. The
+    cached one is stale (timed under another load, or on a machine that has changed since) when the
+    two medians' ratio is further from 1 than both the margin and three standard errors of the pair
+    allow: a baseline that is too slow would turn an unchanged reference into a speed-up."""
+    ratio = fresh["median_us"] / cached["median_us"]
+    se = math.hypot(cached.get("median_rel_se") or 0.0, fresh.get("median_rel_se") or 0.0)
+    allowed = max(math.log1p(margin), 3.0 * se)
+    return {"cached_us": cached["median_us"], "fresh_us": fresh["median_us"], "ratio": float(f"{ratio:.4g}"),
+            "allowed_log_ratio": round(allowed, 4), "stale": abs(math.log(ratio)) > allowed}

@@ -38,6 +38,7 @@ def new_record(task_name: str, candidate: str, solution_format: str, settings) -
         "times_us": {"candidate": None, "eager": None, "compile": None},
         "speedup": {"eager": None, "compile": None},
         "baseline_cache_hit": None,
+        "baseline_recheck": None,
         "build": {"seconds": None, "cache_hit": None, "key": None},
         "wall_s": {},
         "seeds": {"init": None, "inputs": []},
