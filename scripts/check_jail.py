@@ -1,5 +1,6 @@
 """The jail on this machine: what it gives (protections), what starting a command in it costs,
-and, with --gpu, that CUDA works inside it (device nodes, driver libraries, torch).
+and, with --gpu, that CUDA works inside it (device nodes, driver libraries, torch), in the memory
+cgroup the evaluator gives a jailed CUDA child where this machine can make one.
 
     python scripts/check_jail.py [--repeats 20] [--gpu]
 
@@ -12,6 +13,7 @@ or JAIL CHECK FAIL: <what>.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -50,6 +52,18 @@ int main() {
 def progress(what: str) -> None:
     """A line before each slow step, so that a run cut at a time limit shows where it was."""
     print(f"... {what} ({time.strftime('%H:%M:%S')})", flush=True)
+
+
+def _memory_cgroup():
+    """The cgroup the evaluator gives a jailed CUDA child, or None (said why) where none can be made."""
+    from cuda_agent.jail.cgroup import CgroupUnavailable, create_cgroup
+    from evaluator_cuda.isolation.sandbox import CUDA_CHILD_MEMORY_BYTES
+
+    try:
+        return create_cgroup(CUDA_CHILD_MEMORY_BYTES, 256)
+    except CgroupUnavailable as exc:
+        print("memory cgroup: unavailable:", exc)
+        return None
 
 
 def timed(argv: list[str], env: dict | None = None) -> float:
@@ -92,10 +106,17 @@ def main() -> None:
             failures.append("no /dev/nvidia* on this machine")
         progress("torch on CUDA outside the jail")
         plain_gpu = subprocess.run([sys.executable, "-c", GPU_CODE], capture_output=True, text=True, timeout=300)
-        gpu = jail_command(spec, [sys.executable, "-c", GPU_CODE])
-        progress("torch on CUDA in the jail")
+        group = _memory_cgroup()
+        in_group = dataclasses.replace(spec, cgroup_procs=group.procs_files) if group else spec
+        gpu = jail_command(in_group, [sys.executable, "-c", GPU_CODE])
+        progress("torch on CUDA in the jail" + (" and in its memory cgroup" if group else ""))
         start = time.perf_counter()
-        done = subprocess.run(gpu.argv, env=gpu.env, capture_output=True, text=True, timeout=300)
+        try:
+            done = subprocess.run(gpu.argv, env=gpu.env, capture_output=True, text=True, timeout=300)
+        finally:
+            if group:
+                print("memory cgroup:", json.dumps({**group.describe(), "oom_kills": group.oom_kills()}))
+                group.remove()
         print("torch outside:", plain_gpu.stdout.strip() or plain_gpu.stderr[-500:])
         print(f"torch in the jail ({time.perf_counter() - start:.2f} s):", done.stdout.strip() or done.stderr[-2000:])
         if "cuda ok" not in done.stdout:

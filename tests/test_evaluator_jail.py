@@ -452,3 +452,16 @@ def test_every_child_allocates_blocks_of_a_few_mib_from_its_heap(build_cache, ja
     settings = _settings(build_cache, jail_children=jailed)
     record = evaluate(AXPY_TASK, workspace(model_new=_show(_MMAPPED_24MIB)), settings)
     assert "SHOWN 0" in record["message"], record["message"]
+
+
+def test_the_jailed_candidate_runs_in_a_memory_cgroup_removed_after_it(build_cache):
+    """Its group is named in the record with the limit of the settings, the candidate sees itself in it,
+    and the group is gone once the evaluation has ended."""
+    settings = _settings(build_cache, child_memory_bytes=6 * 1024**3)
+    record = evaluate(AXPY_TASK, workspace(model_new=_show("open('/proc/self/cgroup').read()")), settings)
+    group = record["sandbox"]["jail"]["memory_cgroup"]
+    if "missing" in group:
+        pytest.skip(f"no memory cgroup on this machine: {group['missing']}")
+    assert group["memory_bytes"] == sandbox.cgroup_memory_limit(settings) and group["processes"] >= 256
+    assert os.path.basename(group["path"]) in record["message"], record["message"]
+    assert not os.path.exists(group["path"])

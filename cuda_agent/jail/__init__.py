@@ -128,6 +128,9 @@ class JailSpec:
     die_with_parent: bool = True
     seccomp: bool = True
     require: bool = False  # raise JailUnavailable instead of running with layers missing
+    # cgroup.procs files the stage moves itself into before anything else (cgroup.create_cgroup), so
+    # everything in the jail is counted against that group's limits
+    cgroup_procs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -304,6 +307,7 @@ def _plan(spec: JailSpec, argv: Sequence[str], *, namespaces: bool, user_namespa
         "die_with_parent": spec.die_with_parent,
         "parent_pid": os.getpid(),
         "seccomp": spec.seccomp,
+        "cgroup_procs": list(spec.cgroup_procs),
     }
 
 
@@ -357,6 +361,9 @@ def jail_command(spec: JailSpec, argv: Sequence[str], *, python: str | None = No
     Raises JailUnavailable when spec.require and a layer is missing, JailError for a bad spec.
     """
     python = python or sys.executable
+    for path in spec.cgroup_procs:
+        if not (_under(_norm(path), "/sys/fs/cgroup") and os.path.basename(path) == "cgroup.procs"):
+            raise JailError(f"not a cgroup.procs file under /sys/fs/cgroup: {path}")
     machine, missing = _layers(spec, python)
     if spec.require and missing:
         raise JailUnavailable("the jail cannot be built here: " + "; ".join(missing))

@@ -533,6 +533,9 @@ def main() -> None:
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, what="parent-death signal")
             if os.getppid() != plan["parent_pid"]:
                 _fail("jail: the launcher exited before the jail started", SETUP_FAILED)
+        for procs in plan.get("cgroup_procs", ()):  # before any fork: all of the jail is counted there
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
         if plan["seccomp"] and os.uname().machine not in ARCHES:
             raise SetupError(f"no seccomp syscall table for {os.uname().machine}: refusing to run unfiltered")
         if plan["namespaces"]:

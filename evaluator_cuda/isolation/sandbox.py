@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import cuda_agent.jail as jail_mod
+from cuda_agent.jail import cgroup as jail_cgroup
 from cuda_agent.jail import uids as jail_uids
 
 from ..settings import CHILD_FILE_SIZE_BYTES, CHILD_OPEN_FILES
@@ -196,14 +197,20 @@ class Child:
         argv = [sys.executable, "-m", "evaluator_cuda.roles.child", role]
         popen_env, cwd, self.protections = child_env, str(self.workdir), None
         self._claimed_uid = None  # a uid of its own, claimed here, released (with its processes) by kill()
+        self._cgroup = None  # the jail's memory and pids cgroup, removed by kill()
         if jailed and not jail_settings.get("uid"):
             self._claimed_uid = jail_uids.claim_uid(int(jail_settings["uid_base"]))
             jail_settings = {**jail_settings, "uid": self._claimed_uid}
         if jailed:
+            self._cgroup, cgroup_record = _jail_cgroup(jail_settings)
             shown = any(Path(b.target or b.source) == self.workdir for b in binds)
-            command = jail_mod.jail_command(_jail_spec(jail_settings, child_env, binds, child_sock.fileno(),
-                                                      cwd=str(self.workdir) if shown else "/tmp"), argv)
-            argv, popen_env, self.protections = command.argv, command.env, command.protections
+            spec = _jail_spec(jail_settings, child_env, binds, child_sock.fileno(),
+                              cwd=str(self.workdir) if shown else "/tmp")
+            if self._cgroup is not None:
+                spec = dataclasses.replace(spec, cgroup_procs=self._cgroup.procs_files)
+            command = jail_mod.jail_command(spec, argv)
+            argv, popen_env = command.argv, command.env
+            self.protections = {**command.protections, "memory_cgroup": cgroup_record}
         else:
             argv = [*guard.get("command_prefix", []), *argv]
         self._log = open(self.log_path, "ab")
@@ -222,6 +229,7 @@ class Child:
             self._log.close()
             parent_sock.close()
             self._release_uid()
+            self._remove_cgroup()
             raise
         finally:
             child_sock.close()
@@ -250,7 +258,8 @@ class Child:
             raise ChildFailed("timeout", f"{self.role} process gave no answer within {timeout:.0f} s", self.log_tail())
         except wire.ChannelClosed:
             code = self._wait_exit(5.0)
-            raise ChildFailed("died", f"{self.role} process {describe_exit(code)}", self.log_tail(), code)
+            raise ChildFailed("died", f"{self.role} process {describe_exit(code)}{self._memory_note()}",
+                              self.log_tail(), code)
         except wire.ProtocolError as exc:
             self.kill()
             raise ChildFailed("protocol", f"{self.role} process broke the protocol: {exc}", self.log_tail())
@@ -286,7 +295,18 @@ class Child:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+        self._remove_cgroup()
         self._release_uid()
+
+    def _memory_note(self) -> str:
+        if self._cgroup is None or not self._cgroup.oom_kills():
+            return ""
+        return f" (killed at its memory limit of {self._cgroup.memory_bytes / 1024**3:.1f} GiB)"
+
+    def _remove_cgroup(self) -> None:
+        if self._cgroup is not None:
+            group, self._cgroup = self._cgroup, None
+            group.remove()
 
     def _release_uid(self) -> None:
         """Kill whatever still runs as the child's own uid and give the uid back."""
@@ -314,6 +334,9 @@ class Child:
 
 
 HOST_CHILD_MEMORY_BYTES = 32 * 1024**3
+# The memory cgroup limit of a jailed CUDA child (RLIMIT_AS cannot bound one): torch, the CUDA
+# context and pinned staging buffers take a few GiB.
+CUDA_CHILD_MEMORY_BYTES = 32 * 1024**3
 # The folders holding the evaluator's own code: shown read-only to a jailed child (its entry point).
 HARNESS_PACKAGES = (Path(__file__).resolve().parents[1], Path(jail_mod.__file__).resolve().parents[1])
 HARNESS_ROOT = str(HARNESS_PACKAGES[0].parent)
@@ -350,6 +373,29 @@ def available_memory_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _jail_cgroup(jail_settings: dict) -> tuple["jail_cgroup.JailCgroup | None", dict]:
+    """The memory and pids cgroup of one jailed child, and what the record says of it. A machine
+    that cannot make one runs the child without (said in the record)."""
+    memory = jail_settings.get("cgroup_memory_bytes")
+    if not memory:
+        return None, {"missing": "no memory limit set"}
+    try:
+        group = jail_cgroup.create_cgroup(int(memory), jail_settings.get("processes"))
+    except jail_cgroup.CgroupUnavailable as exc:
+        return None, {"missing": str(exc)}
+    return group, group.describe()
+
+
+def cgroup_memory_limit(settings) -> int:
+    """The memory cgroup limit of a jailed child: its address-space limit where it has one (the host),
+    else CUDA_CHILD_MEMORY_BYTES, in whole GiB and never more than the machine has available now."""
+    memory = child_memory_limit(settings) or settings.child_memory_bytes or CUDA_CHILD_MEMORY_BYTES
+    available = available_memory_bytes()
+    if available:
+        memory = min(memory, max(1024**3, available // 1024**3 * 1024**3))
+    return memory
 
 
 def child_memory_limit(settings) -> int:
@@ -391,6 +437,7 @@ def child_guard(settings) -> dict:
             "gpu": settings.backend == "cuda", "memory_bytes": memory, "processes": settings.child_max_processes,
             "cpu_seconds": settings.child_cpu_seconds, "file_size_bytes": settings.child_file_size_bytes,
             "open_files": settings.child_open_files, "tmp_bytes": settings.jail_tmp_bytes,
+            "cgroup_memory_bytes": cgroup_memory_limit(settings),
         }
         guard["network"] = "namespace (the jail's)"
         guard["extra_processes"] = f"{settings.child_max_processes} (RLIMIT_NPROC of the jail's own uid)"
