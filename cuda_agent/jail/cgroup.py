@@ -25,6 +25,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from cuda_agent.jail.uids import pid_alive
+
 ROOT = "/sys/fs/cgroup"
 FOLDER = "cuda-agent-jails"
 EXTRA_PROCESSES = 8  # the stage's own processes (outer and init) and a margin over the jail's RLIMIT_NPROC
@@ -172,22 +174,12 @@ def _sweep(parent: str) -> None:
     """Remove the groups that launchers which have since exited left behind."""
     for entry in os.scandir(parent):
         owner = entry.name.split("-", 1)[0]
-        if entry.is_dir(follow_symlinks=False) and owner.isdigit() and not _alive(int(owner)):
+        if entry.is_dir(follow_symlinks=False) and owner.isdigit() and not pid_alive(int(owner)):
             _empty(entry.path, time.monotonic() + 1.0)
             try:
                 os.rmdir(entry.path)
             except OSError:
                 pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _empty(folder: str, deadline: float) -> None:

@@ -31,7 +31,8 @@ class NoFreeUid(RuntimeError):
     """Every uid of the range is held by a live process."""
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -51,7 +52,7 @@ def _try_claim(claim: Path) -> bool:
                 holder = int(claim.read_text() or "0")
             except (OSError, ValueError):
                 return False
-            if holder and not _pid_alive(holder):
+            if holder and not pid_alive(holder):
                 claim.unlink(missing_ok=True)
                 continue
             return False
