@@ -185,3 +185,15 @@ def test_a_dead_parent_leaves_no_children_and_no_folder(tmp_path):
     while Path(workdir).exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not Path(workdir).exists()
+
+
+def test_a_standby_slot_matches_whatever_the_free_memory_did_since(tmp_path):
+    """Both memory limits follow the machine's free memory, which drifts between evaluations: a
+    slot started a moment earlier must still match the next evaluation's key."""
+    from evaluator_cuda.isolation.sandbox import _slot_key
+
+    env, guard = _env_guard(tmp_path)
+    jail = {"enabled": True, "memory_bytes": 20 * 1024**3, "cgroup_memory_bytes": 20 * 1024**3, "processes": 256}
+    later = {**jail, "memory_bytes": 19 * 1024**3, "cgroup_memory_bytes": 19 * 1024**3}
+    assert _slot_key(env, {**guard, "jail": jail}) == _slot_key(env, {**guard, "jail": later})
+    assert _slot_key(env, {**guard, "jail": jail}) != _slot_key(env, {**guard, "jail": {**jail, "processes": 64}})

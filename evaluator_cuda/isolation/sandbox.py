@@ -567,10 +567,11 @@ def _slot_key(env: dict[str, str], guard: dict) -> tuple:
     merged = dict(os.environ)
     merged.update(env)
     merged.pop(CHANNEL_FD_ENV, None)
-    # The memory limit follows the machine's free memory (child_memory_limit): a standby slot started
-    # a moment earlier keeps its own, so it is not part of the key.
+    # The memory limits follow the machine's free memory (child_memory_limit, cgroup_memory_limit): a
+    # standby slot started a moment earlier keeps its own, so they are not part of the key.
     stable = {k: v for k, v in guard.items() if k not in ("command_prefix", "memory_bytes", "jail_protections")}
-    stable["jail"] = {k: v for k, v in (guard.get("jail") or {}).items() if k != "memory_bytes"}
+    stable["jail"] = {k: v for k, v in (guard.get("jail") or {}).items()
+                      if k not in ("memory_bytes", "cgroup_memory_bytes")}
     limits = tuple(sorted((k, str(v)) for k, v in stable.items()))
     return (sys.executable, tuple(sorted(merged.items())), tuple(guard.get("command_prefix", [])), limits)
 
