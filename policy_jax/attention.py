@@ -47,6 +47,14 @@ class Attention(nnx.Module):
         y = jnp.einsum(spec, x_btd, kernel.get_value().astype(c))
         return y if bias is None else y + bias.get_value().astype(c)
 
+    def project_qkv(self, x_btd: jax.Array, positions_bt: jax.Array):
+        """Queries [b, t, n, h] and keys [b, t, k, h] with rotary positions, values [b, t, k, h]."""
+        q_btnh = self._project(x_btd, self.q_dnh, self.q_bias_nh, "btd,dnh->btnh")
+        k_btkh = self._project(x_btd, self.k_dkh, self.k_bias_kh, "btd,dkh->btkh")
+        v_btkh = self._project(x_btd, self.v_dkh, self.v_bias_kh, "btd,dkh->btkh")
+        inv_freq_h2 = np.asarray(self.inv_freq_h2, np.float32)
+        return apply_rope(q_btnh, positions_bt, inv_freq_h2), apply_rope(k_btkh, positions_bt, inv_freq_h2), v_btkh
+
     def __call__(self, x_btd: jax.Array, positions_bt: jax.Array, mask_b1ts: jax.Array | None, *,
                  seq_lengths_b: jax.Array | None = None,
                  segment_ids_bt: jax.Array | None = None,
@@ -60,13 +68,7 @@ class Attention(nnx.Module):
         laid over the traced mesh: see attention_dispatch).
         Returns (out [b, t, d], updated (keys, values) of this layer or None).
         """
-        q_btnh = self._project(x_btd, self.q_dnh, self.q_bias_nh, "btd,dnh->btnh")
-        k_btkh = self._project(x_btd, self.k_dkh, self.k_bias_kh, "btd,dkh->btkh")
-        v_btkh = self._project(x_btd, self.v_dkh, self.v_bias_kh, "btd,dkh->btkh")
-        inv_freq_h2 = np.asarray(self.inv_freq_h2, np.float32)
-        q_btnh = apply_rope(q_btnh, positions_bt, inv_freq_h2)
-        k_btkh = apply_rope(k_btkh, positions_bt, inv_freq_h2)
-
+        q_btnh, k_btkh, v_btkh = self.project_qkv(x_btd, positions_bt)
         new_cache = None
         if layer_cache is not None:
             keys_bskh, values_bskh = kv_cache.write_layer(*layer_cache, k_btkh, v_btkh, end_index)
