@@ -2,10 +2,13 @@
 
 The paper's fix for the rollout/trainer precision mismatch (docs/paper.md §8): the LM head runs
 in float32 (float32 operands, so the head's weights are not rounded to bf16 first, float32
-accumulation) and so does the log-softmax. The head's product asks for the highest precision: at
-the default one, XLA multiplies float32 matrices in one bf16 pass on a TPU and in TF32 on an
-NVIDIA GPU, which would round the float32 master weights again. `precision="bf16"` runs the same computation with bf16
-logits and a bf16 log-softmax, for the ablations.
+accumulation) and so does the log-softmax. At XLA's default precision a float32 product is one
+bf16 pass on a TPU and TF32 on an NVIDIA GPU, which would round the float32 master weights again;
+so with float32 hidden states the head asks for the highest precision, and with bf16 hidden states
+(bf16 compute) it splits the float32 weights into three bf16 parts whose sum is exactly the
+weights: every product is then exact in float32, and the head costs three bf16 passes
+(`policy_jax/fp32_head.py`). `precision="bf16"` runs the same computation with bf16 logits and a bf16
+log-softmax, for the ablations.
 
 The head is applied chunk by chunk over the sequence (a `lax.map`), each chunk rematerialised in
 the backward pass, so neither the forward nor the gradient ever holds the [b, t, v] logits: memory
@@ -18,6 +21,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
+
+from policy_jax.fp32_head import float32_logits
 
 PRECISIONS = ("fp32", "bf16")
 DEFAULT_CHUNK_SIZE = 1024
@@ -37,8 +42,7 @@ def next_token_targets(tokens_bt: jax.Array, segment_ids_bt: jax.Array) -> tuple
 def _chunk_logprobs(hidden_bcd, targets_bc, head_dv, precision: str, temperature: float):
     """log p(target) and entropy for one chunk. [b, c, d], [b, c] -> ([b, c] f32, [b, c] f32)."""
     if precision == "fp32":  # float32 operands, accumulation and log-softmax
-        logits_bcv = jnp.einsum("bcd,dv->bcv", hidden_bcd.astype(jnp.float32), head_dv.astype(jnp.float32),
-                                precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+        logits_bcv = float32_logits(hidden_bcd, head_dv)
     else:
         logits_bcv = jnp.einsum("bcd,dv->bcv", hidden_bcd.astype(jnp.bfloat16), head_dv.astype(jnp.bfloat16),
                                 preferred_element_type=jnp.bfloat16)

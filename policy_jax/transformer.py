@@ -11,6 +11,7 @@ from flax import nnx
 from policy_jax import kv_cache as kvc
 from policy_jax.attention import Attention, segment_attention_mask
 from policy_jax.attention_dispatch import SEGMENT_IMPLEMENTATIONS, constrain_activations, forward_attention_impl
+from policy_jax.fp32_head import float32_logits
 from policy_jax.layers import Embedder, RMSNorm, SwiGLU, param
 from policy_jax.model_config import ModelConfig
 
@@ -127,9 +128,11 @@ class CausalLM(nnx.Module):
         """Logits [b, t, v] in `accumulate_dtype` (default: the compute dtype).
 
         A float32 head is float32 throughout: operands as well as the accumulation, so that the
-        head's weights are not rounded to the compute dtype first.
+        head's weights are not rounded to the compute dtype first (policy_jax/fp32_head.py).
         """
-        operand = jnp.float32 if accumulate_dtype == jnp.float32 else self.config.compute_jnp_dtype
+        if accumulate_dtype == jnp.float32:
+            return float32_logits(hidden_btd, self.head_weight())
+        operand = self.config.compute_jnp_dtype
         return jnp.einsum("btd,dv->btv", hidden_btd.astype(operand), self.head_weight().astype(operand),
                           preferred_element_type=accumulate_dtype or operand)
 

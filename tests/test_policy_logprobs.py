@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -181,9 +183,10 @@ def test_the_trainer_scores_at_the_samplers_temperature(tmp_path):
         load_run_config(path)
 
 
-def _dot_precisions(precision: str) -> list[str]:
-    """The precision of every matrix product in the lowered program of the head (value and gradient)."""
-    hidden = jax.ShapeDtypeStruct((2, 8, 16), jnp.bfloat16)
+def _head_products(precision: str, hidden_dtype) -> list[tuple[str, str, str, str]]:
+    """(precision, left operand, right operand, result) element types of every matrix product in the
+    lowered program of the head's log-probs and their gradient."""
+    hidden = jax.ShapeDtypeStruct((2, 8, 16), hidden_dtype)
     head = jax.ShapeDtypeStruct((16, 64), jnp.float32)
     targets = jax.ShapeDtypeStruct((2, 8), jnp.int32)
 
@@ -192,14 +195,18 @@ def _dot_precisions(precision: str) -> list[str]:
         return jnp.sum(logp)
 
     text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(hidden, head, targets).as_text()
-    return [line.split("precision = ")[1].split("]")[0] for line in text.splitlines() if "dot_general" in line]
+    lines = [x for x in text.splitlines() if "dot_general" in x]
+    return [(re.search(r"precision = \[(\w+)", x).group(1), *re.findall(r"tensor<[^>]*x(\w+)>", x)) for x in lines]
 
 
-def test_fp32_head_asks_for_full_float32_products_on_every_backend():
+def test_fp32_head_never_multiplies_float32_at_the_default_precision():
     """The CPU computes float32 products exactly whatever is asked, so the float64 tests above cannot see
     this: at the default precision a TPU multiplies float32 matrices in one bf16 pass and an NVIDIA GPU
-    in TF32. Every product of the fp32 head, forward and backward, must ask for the highest precision."""
-    fp32 = _dot_precisions("fp32")
-    assert len(fp32) >= 3  # logits, and the gradients of the hidden states and of the head
-    assert all(p == "[HIGHEST, HIGHEST" for p in fp32), fp32
-    assert all(p == "[DEFAULT, DEFAULT" for p in _dot_precisions("bf16"))
+    in TF32. With bf16 hidden states every product of the fp32 head, forward and backward, is bf16 by
+    bf16 into float32 (exact); with float32 hidden states every product asks for the highest precision."""
+    split = _head_products("fp32", jnp.bfloat16)
+    assert len(split) == 6, split  # the head's three parts in one product; three and two terms in the gradients
+    assert all(p[1:] == ("bf16", "bf16", "f32") for p in split), split
+    full = _head_products("fp32", jnp.float32)
+    assert len(full) >= 3 and all(p[0] == "HIGHEST" and p[1:3] == ("f32", "f32") for p in full), full
+    assert all(p[0] == "DEFAULT" and p[3] == "bf16" for p in _head_products("bf16", jnp.bfloat16))
