@@ -465,3 +465,24 @@ def test_the_jailed_candidate_runs_in_a_memory_cgroup_removed_after_it(build_cac
     assert group["memory_bytes"] == sandbox.cgroup_memory_limit(settings) and group["processes"] >= 256
     assert os.path.basename(group["path"]) in record["message"], record["message"]
     assert not os.path.exists(group["path"])
+
+
+def test_a_child_whose_jail_cannot_be_made_gives_back_its_uid_and_cgroup(build_cache, tmp_path, monkeypatch):
+    """The uid is claimed and the cgroup made before the jail's command line: when that step fails, the
+    child never starts, and neither the claim nor the group may outlive the error."""
+    from cuda_agent.jail import cgroup as jail_cgroup
+
+    made, claimed = [], []
+    create, claim = jail_cgroup.create_cgroup, sandbox.jail_uids.claim_uid
+    monkeypatch.setattr(jail_cgroup, "create_cgroup", lambda *a: made.append(create(*a)) or made[-1])
+    monkeypatch.setattr(sandbox.jail_uids, "claim_uid", lambda *a: claimed.append(claim(*a)) or claimed[-1])
+
+    def broken(spec, argv):
+        raise RuntimeError("the jail's command could not be made")
+
+    monkeypatch.setattr(sandbox.jail_mod, "jail_command", broken)
+    guard = sandbox.child_guard(_settings(build_cache, child_memory_bytes=2 * 1024**3))
+    with pytest.raises(RuntimeError, match="could not be made"):
+        sandbox.Child("candidate", tmp_path, guard=guard)
+    assert len(claimed) == 1 and not (UID_CLAIMS_DIR / str(claimed[0])).exists()
+    assert all(not os.path.exists(folder) for group in made for folder in group.folders)

@@ -252,3 +252,23 @@ def test_candidate_call_describes_its_output_before_the_host_copy(monkeypatch):
     reply = role.do_call({"inputs": [torch.arange(4.0)], "poison": 1})
     assert compare_outputs(torch.arange(4.0) * 2, reply["output"], reply["output_meta"], "cpu", 1e-2, 1e-2) is None
 
+
+
+@pytest.mark.parametrize("available_gib, backend, setting_gib, address_gib, cgroup_gib", [
+    (100.0, "host", None, 32, 32),   # the host default bounds both
+    (100.0, "cuda", None, 0, 32),    # no address-space limit on CUDA; the cgroup takes the CUDA default
+    (10.5, "host", None, 10, 10),    # never more than is available, in whole GiB
+    (10.5, "cuda", None, 0, 10),
+    (100.0, "cuda", 6, 6, 6),        # a setting bounds both
+    (0.4, "host", None, 1, 1),       # at least one GiB
+])
+def test_child_memory_limits_follow_the_setting_and_the_memory_available(
+        monkeypatch, available_gib, backend, setting_gib, address_gib, cgroup_gib):
+    from evaluator_cuda.isolation import sandbox
+    from evaluator_cuda.settings import EvalSettings
+
+    gib = 1024**3
+    monkeypatch.setattr(sandbox, "available_memory_bytes", lambda: int(available_gib * gib))
+    settings = EvalSettings.for_backend(backend, child_memory_bytes=setting_gib and setting_gib * gib)
+    assert sandbox.child_memory_limit(settings) == address_gib * gib
+    assert sandbox.cgroup_memory_limit(settings) == cgroup_gib * gib

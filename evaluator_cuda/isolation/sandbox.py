@@ -198,23 +198,13 @@ class Child:
         popen_env, cwd, self.protections = child_env, str(self.workdir), None
         self._claimed_uid = None  # a uid of its own, claimed here, released (with its processes) by kill()
         self._cgroup = None  # the jail's memory and pids cgroup, removed by kill()
-        if jailed and not jail_settings.get("uid"):
-            self._claimed_uid = jail_uids.claim_uid(int(jail_settings["uid_base"]))
-            jail_settings = {**jail_settings, "uid": self._claimed_uid}
-        if jailed:
-            self._cgroup, cgroup_record = _jail_cgroup(jail_settings)
-            shown = any(Path(b.target or b.source) == self.workdir for b in binds)
-            spec = _jail_spec(jail_settings, child_env, binds, child_sock.fileno(),
-                              cwd=str(self.workdir) if shown else "/tmp")
-            if self._cgroup is not None:
-                spec = dataclasses.replace(spec, cgroup_procs=self._cgroup.procs_files)
-            command = jail_mod.jail_command(spec, argv)
-            argv, popen_env = command.argv, command.env
-            self.protections = {**command.protections, "memory_cgroup": cgroup_record}
-        else:
-            argv = [*guard.get("command_prefix", []), *argv]
-        self._log = open(self.log_path, "ab")
+        self._log = None
         try:
+            if jailed:
+                argv, popen_env = self._jailed_command(jail_settings, argv, child_env, binds, child_sock.fileno())
+            else:
+                argv = [*guard.get("command_prefix", []), *argv]
+            self._log = open(self.log_path, "ab")
             self.proc = subprocess.Popen(
                 argv,
                 cwd=cwd,
@@ -225,14 +215,30 @@ class Child:
                 pass_fds=(child_sock.fileno(),),
                 start_new_session=True,
             )
-        except BaseException:
-            self._log.close()
+        except BaseException:  # nothing claimed for a child that never started is kept
+            if self._log is not None:
+                self._log.close()
             parent_sock.close()
             self._release_uid()
             self._remove_cgroup()
             raise
         finally:
             child_sock.close()
+
+    def _jailed_command(self, jail_settings: dict, argv: list, child_env: dict, binds: tuple, channel_fd: int):
+        """The jail's argv and environment for `argv`, with a uid of its own claimed and a memory cgroup
+        made where the settings ask for them (both given back by kill())."""
+        if not jail_settings.get("uid"):
+            self._claimed_uid = jail_uids.claim_uid(int(jail_settings["uid_base"]))
+            jail_settings = {**jail_settings, "uid": self._claimed_uid}
+        self._cgroup, cgroup_record = _jail_cgroup(jail_settings)
+        shown = any(Path(b.target or b.source) == self.workdir for b in binds)
+        spec = _jail_spec(jail_settings, child_env, binds, channel_fd, cwd=str(self.workdir) if shown else "/tmp")
+        if self._cgroup is not None:
+            spec = dataclasses.replace(spec, cgroup_procs=self._cgroup.procs_files)
+        command = jail_mod.jail_command(spec, argv)
+        self.protections = {**command.protections, "memory_cgroup": cgroup_record}
+        return command.argv, command.env
 
     def log_tail(self, max_chars: int = 4000) -> str:
         try:
@@ -388,14 +394,19 @@ def _jail_cgroup(jail_settings: dict) -> tuple["jail_cgroup.JailCgroup | None", 
     return group, group.describe()
 
 
-def cgroup_memory_limit(settings) -> int:
-    """The memory cgroup limit of a jailed child: its address-space limit where it has one (the host),
-    else CUDA_CHILD_MEMORY_BYTES, in whole GiB and never more than the machine has available now."""
-    memory = child_memory_limit(settings) or settings.child_memory_bytes or CUDA_CHILD_MEMORY_BYTES
+def _whole_gib_of_available(memory: int) -> int:
+    """`memory`, never more than the machine has available now, in whole GiB (at least one): a warm
+    standby slot stays usable while free memory drifts. 0 stays 0 (no limit)."""
     available = available_memory_bytes()
-    if available:
+    if memory and available:
         memory = min(memory, max(1024**3, available // 1024**3 * 1024**3))
     return memory
+
+
+def cgroup_memory_limit(settings) -> int:
+    """The memory cgroup limit of a jailed child: its address-space limit where it has one (the host),
+    else CUDA_CHILD_MEMORY_BYTES, never more than the machine has available now."""
+    return child_memory_limit(settings) or _whole_gib_of_available(CUDA_CHILD_MEMORY_BYTES)
 
 
 def child_memory_limit(settings) -> int:
@@ -404,10 +415,7 @@ def child_memory_limit(settings) -> int:
     memory = settings.child_memory_bytes
     if memory is None:
         memory = HOST_CHILD_MEMORY_BYTES if settings.backend == "host" else 0
-    available = available_memory_bytes()
-    if memory and available:  # whole GiB: a warm standby slot stays usable while free memory drifts
-        memory = min(memory, max(1024**3, available // 1024**3 * 1024**3))
-    return memory
+    return _whole_gib_of_available(memory)
 
 
 def require_jail_default() -> bool:
