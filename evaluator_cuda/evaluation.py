@@ -28,7 +28,7 @@ from .extension.torch_build import build_env
 from .gpu_work import attribute_kernels, trace_env, withhold_unbelievable_times
 from .timing.host_baselines import host_baselines, host_eager_sample
 from .timing.host_pin import choose_cpu
-from .timing.stability import baseline_protocol, baseline_recheck, timing_se_bound, unstable_times
+from .timing.stability import baseline_protocol, baseline_recheck, eager_drift, timing_se_bound, unstable_times
 from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from .isolation.static_checks import check_solution_sources
 from .progress import say
@@ -188,6 +188,10 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
             _prepare(candidate, loaded, settings)
         with _step(record, "timed_sets"):
             timed = _timed_sets(reference, checks["inputs"], settings, record)
+        eager_before = None
+        if settings.profile:  # bracketed with the eager time after the calls: a load that changed shows
+            with _step(record, "eager_before"):
+                eager_before = _eager_sample(reference, settings, baseline_protocol(settings))
         say("running the candidate's calls")
         with _step(record, "calls"):
             calls = _run_calls(candidate, checks["inputs"], timed, settings, record)
@@ -201,7 +205,7 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
             trace = attribute_kernels(candidate, solution, extension, settings, record)
         record["wall_s"]["verify"] = round(time.perf_counter() - begin, 4)
         if settings.profile:
-            _record_times(reference, task, calls, timed, expected, settings, record, begin)
+            _record_times(reference, task, calls, timed, expected, settings, record, begin, eager_before)
             withhold_unbelievable_times(calls, trace, settings, record)
     finish(record, "correct")
 
@@ -559,9 +563,12 @@ def _compare(calls: _Calls, expected: _Expected, settings: EvalSettings) -> tupl
 
 
 def _record_times(reference: Child, task: Task, calls: _Calls, timed: _TimedSets, expected: _Expected,
-                  settings: EvalSettings, record: dict, begin: float) -> None:
-    """The baselines' times and the candidate's, and the speed-of-light flag."""
-    baselines = _baselines(reference, task, settings, record)
+                  settings: EvalSettings, record: dict, begin: float, eager_before: dict | None) -> None:
+    """The baselines' times and the candidate's, the eager times before and after the calls, and the
+    speed-of-light flag."""
+    baselines, eager_after = _baselines(reference, task, settings, record)
+    if eager_before is not None and eager_after is not None:
+        record["eager_drift"] = eager_drift(eager_before, eager_after, settings.margin)
     record["times_us"]["eager"] = baselines.get("eager")
     record["times_us"]["compile"] = baselines.get("compile")
     if baselines.get("compile_error"):
@@ -573,17 +580,18 @@ def _record_times(reference: Child, task: Task, calls: _Calls, timed: _TimedSets
     record.update(speed_of_light(timed.set_bytes + output_bytes, median, settings.peak_bandwidth))
 
 
-def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dict) -> dict:
+def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dict) -> tuple[dict, dict | None]:
     """The eager and torch.compile times of the task: from the cache when a fresh eager sample taken
     now agrees with the cached eager time, else measured now in the reference child (the candidate's
-    child is idle then)."""
+    child is idle then). With them, the eager time taken now (that sample, or the measured one)."""
     protocol = baseline_protocol(settings)
     torch_version = record["versions"].get("torch") or ""
     key = baseline_key(task.source, record["device"] or "", torch_version, settings.compile_mode, protocol)
     cache = BaselineCache(settings.cache_path() / "baselines")
-    baselines = cache.get(key)
+    baselines, eager_now = cache.get(key), None
     if baselines is not None:
-        check = baseline_recheck(baselines["eager"], _eager_sample(reference, settings, protocol), settings.margin)
+        eager_now = _eager_sample(reference, settings, protocol)
+        check = baseline_recheck(baselines["eager"], eager_now, settings.margin)
         record["baseline_recheck"] = check
         if check["stale"]:
             say(f"the cached eager time ({check['cached_us']:.1f} us) disagrees with a fresh sample "
@@ -602,7 +610,8 @@ def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dic
         else:
             cache.put(key, baselines)
         record["wall_s"]["baselines"] = round(time.perf_counter() - begin, 4)
-    return baselines
+        eager_now = baselines.get("eager")
+    return baselines, eager_now
 
 
 def _measure_baselines(reference: Child, settings: EvalSettings, protocol: dict) -> dict:

@@ -18,7 +18,7 @@ from .isolation.sandbox import Child
 from .settings import EvalSettings
 from .solutions import Solution
 from .timing.kernel_trace import TRACE_ENV
-from .timing.stability import timing_se_bound, unstable_times
+from .timing.stability import drift_reason, timing_se_bound, unstable_times
 from .verdict.attribution import attribution_problem, classify, extension_symbols, span_disagreement
 from .verdict.fault import Verdict, candidate_failure, rejection, reply
 
@@ -79,6 +79,9 @@ def withhold_unbelievable_times(calls, trace: dict | None, settings: EvalSetting
                               timing_se_bound(settings))
     if unstable:
         reasons.append(unstable)
+    drift = drift_reason(record.get("eager_drift"))
+    if drift:
+        reasons.append(drift)
     if record.get("sol_violation"):
         reasons.append(f"the time is below the speed-of-light bound ({record.get('sol_bound_us', 0):.2f} µs)")
     if reasons:

@@ -158,6 +158,24 @@ def test_baseline_cache_hit_skips_timing_and_sets_the_reward(tmp_path, monkeypat
     assert evaluate(AXPY_TASK, reference_solution("axpy"), settings)["reward"] == 1
 
 
+def test_a_machine_that_slows_down_during_the_evaluation_earns_no_speed_up(tmp_path, monkeypatch):
+    """Eager timed just before the candidate's calls at twice the speed it has after them (another job
+    started in between): the candidate's time cannot be compared with a baseline taken at another speed.
+    The same times with no drift earn the speed-up (the test above), so the drift is what withholds it."""
+    from evaluator_cuda import evaluation
+
+    settings = host(str(tmp_path), profile=True, timing_se_bound=1e9)
+    _plant_baselines(str(tmp_path), settings, eager_us=1e9, compile_us=1e9)
+    samples = iter([{"median_us": 5e8, "median_rel_se": 0.01}, {"median_us": 1e9, "median_rel_se": 0.01}])
+    monkeypatch.setattr(evaluation, "_eager_sample", lambda *a: next(samples))
+    record = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
+    assert record["status"] == "correct", record["message"]
+    assert record["baseline_cache_hit"] is True and record["eager_drift"]["moved"] is True
+    assert record["eager_drift"]["before_us"] == 5e8 and record["eager_drift"]["after_us"] == 1e9
+    assert record["reward"] == 1 and record["speedup"]["eager"] > 100
+    assert any("speed changed during the evaluation" in r for r in record["speedup_withheld"])
+
+
 @pytest.mark.parametrize("planted_us", [1e9, 1e-3], ids=["too_slow", "too_fast"])
 def test_a_cached_eager_time_that_a_fresh_sample_contradicts_is_measured_again(tmp_path, planted_us):
     """A sealed baseline timed under another load (here planted far from the truth) is not trusted: the

@@ -11,7 +11,7 @@ import pytest
 from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.solutions import reference_solution
 from evaluator_cuda.timing.profile import median_rel_se, summarize_times
-from evaluator_cuda.timing.stability import baseline_recheck, unstable_times
+from evaluator_cuda.timing.stability import baseline_recheck, drift_reason, eager_drift, unstable_times
 from evaluator_helpers import AXPY_TASK, build_cache, host, model_new_with, workspace  # noqa: F401
 
 MANY_CPUS = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2
@@ -42,6 +42,16 @@ def test_a_cached_eager_time_is_stale_beyond_the_margin_and_three_standard_error
     assert baseline_recheck(cached, {"median_us": 120.0, "median_rel_se": 0.03}, 0.05)["stale"] is True
     # a summary without the figure counts as exact
     assert baseline_recheck({"median_us": 1e9}, quiet(50.0), 0.05)["ratio"] == pytest.approx(5e-8)
+
+
+def test_eager_before_and_after_the_calls_disagree_beyond_the_margin_and_their_noise():
+    quiet = lambda us, se=0.005: {"median_us": us, "median_rel_se": se}  # noqa: E731
+    assert eager_drift(quiet(100.0), quiet(104.0), 0.05)["moved"] is False
+    assert eager_drift(quiet(100.0), quiet(200.0), 0.05)["moved"] is True
+    assert eager_drift(quiet(100.0, 0.2), quiet(200.0, 0.2), 0.05)["moved"] is False  # 3 x 28 % allows 2x
+    assert drift_reason(eager_drift(quiet(100.0), quiet(104.0), 0.05)) is None
+    assert "100.0 µs per call before the candidate's calls and 200.0 µs after" in drift_reason(
+        eager_drift(quiet(100.0), quiet(200.0), 0.05))
 
 
 def test_both_children_time_on_one_cpu_with_the_set_thread_count(build_cache, tmp_path):

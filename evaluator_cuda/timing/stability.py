@@ -37,13 +37,37 @@ def baseline_protocol(settings) -> dict:
     return protocol
 
 
+def _disagreement(first: dict, second: dict, margin: float) -> tuple[float, float, bool]:
+    """(ratio second/first of two medians, the log-ratio allowed, whether they disagree): further from 1
+    than both the margin and three standard errors of the pair allow."""
+    ratio = second["median_us"] / first["median_us"]
+    se = math.hypot(first.get("median_rel_se") or 0.0, second.get("median_rel_se") or 0.0)
+    allowed = max(math.log1p(margin), 3.0 * se)
+    return ratio, allowed, abs(math.log(ratio)) > allowed
+
+
 def baseline_recheck(cached: dict, fresh: dict, margin: float) -> dict:
     """A cached eager time against a fresh sample of the same calls, taken in this evaluation. The
     cached one is stale (timed under another load, or on a machine that has changed since) when the
-    two medians' ratio is further from 1 than both the margin and three standard errors of the pair
-    allow: a baseline that is too slow would turn an unchanged reference into a speed-up."""
-    ratio = fresh["median_us"] / cached["median_us"]
-    se = math.hypot(cached.get("median_rel_se") or 0.0, fresh.get("median_rel_se") or 0.0)
-    allowed = max(math.log1p(margin), 3.0 * se)
+    two disagree: a baseline that is too slow would turn an unchanged reference into a speed-up."""
+    ratio, allowed, stale = _disagreement(cached, fresh, margin)
     return {"cached_us": cached["median_us"], "fresh_us": fresh["median_us"], "ratio": float(f"{ratio:.4g}"),
-            "allowed_log_ratio": round(allowed, 4), "stale": abs(math.log(ratio)) > allowed}
+            "allowed_log_ratio": round(allowed, 4), "stale": stale}
+
+
+def eager_drift(before: dict, after: dict, margin: float) -> dict:
+    """Eager timed just before the candidate's calls against eager timed after them (the baselines, or
+    the sample that rechecks a cached one). When they disagree, the machine's speed changed during
+    the evaluation (another job started or stopped), and the candidate's time, taken in between,
+    cannot be compared with the baseline: its speed-up is withheld."""
+    ratio, allowed, moved = _disagreement(before, after, margin)
+    return {"before_us": before["median_us"], "after_us": after["median_us"], "ratio": float(f"{ratio:.4g}"),
+            "allowed_log_ratio": round(allowed, 4), "moved": moved}
+
+
+def drift_reason(drift: dict | None) -> str | None:
+    """Why a drift withholds the speed-up, or None."""
+    if not drift or not drift.get("moved"):
+        return None
+    return (f"the machine's speed changed during the evaluation: eager took {drift['before_us']:.1f} µs per call "
+            f"before the candidate's calls and {drift['after_us']:.1f} µs after them")
