@@ -27,8 +27,10 @@ from policy_jax.train_state import TrainState, make_optimizer, opt_state_shardin
 GIB = 2 ** 30
 #: HBM per chip, by the device kind libtpu reports
 HBM_PER_CHIP = {"TPU v4": 32 * GIB, "TPU v5 lite": 16 * GIB, "TPU v5": 95 * GIB, "TPU v6 lite": 32 * GIB}
-# libtpu reads these on start-up; on a machine without a TPU they keep it from probing for one
-_QUIET_TPU_ENV = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v5p-8", "TPU_WORKER_HOSTNAMES": "localhost"}
+# libtpu reads these on start-up; on a machine without a TPU they keep it from probing for one, and let
+# several compiling processes load it at once (its lock file guards a TPU that is not there)
+_QUIET_TPU_ENV = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v5p-8", "TPU_WORKER_HOSTNAMES": "localhost",
+                  "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
 
 
 def libtpu_missing_reason() -> str | None:

@@ -3,24 +3,16 @@ nowhere): every step compiles on a layout with the sequence split, the decode st
 are the KV cache and parameters each device holds, and a cache larger than HBM makes it exit 1.
 Skipped without the libtpu package (the project's tpu-aot extra)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from policy_jax.aot import libtpu_missing_reason
+from script_helpers import load_script
 
 pytestmark = pytest.mark.skipif(libtpu_missing_reason() is not None, reason="needs the libtpu package (tpu-aot extra)")
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "aot_compile.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("aot_compile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("aot_compile", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("aot_compile")
 
 
 def test_every_step_of_the_tiny_config_compiles_with_the_sequence_split(capsys):

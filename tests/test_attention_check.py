@@ -2,27 +2,20 @@
 its exact reference agrees with attention written out in float64 numpy, bf16 kernels pass it with a
 measurable error, a kernel that ignores causality fails it, and the script exits 0, 1 or 2 as it says."""
 
-import importlib.util
 import json
-import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 
 from policy_jax import attention_check
 from policy_helpers import attention_inputs
+from script_helpers import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_attention_layers.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("check_attention_layers", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("check_attention_layers", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("check_attention_layers")
 
 
 def _numpy_attention(q, k, v, seg):

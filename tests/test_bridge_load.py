@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from bridge.diagnostic_handlers import sized
 from bridge.settings import FAST_TEST_SETTINGS
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_bridge_load.py"
+from script_helpers import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("bench_bridge_load", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_bridge_load")
 
 
 def test_sized_handler_pads_its_result_and_logs_each_run(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from script_helpers import load_script
 from cuda_agent.fleet_sizing import (Workload, closed_queue, offered_load, size_fleet, think_s_for_fleet,
                                      think_s_of_episode, workers_needed)
 
@@ -97,14 +98,7 @@ def test_bad_inputs_are_refused():
 
 
 def _size_fleet_script():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "size_fleet.py"
-    spec = importlib.util.spec_from_file_location("size_fleet_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("size_fleet")
 
 
 def test_size_fleet_prints_the_paper_configs_figures(capsys):
