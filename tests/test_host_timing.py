@@ -99,3 +99,41 @@ def test_the_unchanged_reference_earns_no_speed_up_under_load(build_cache, tmp_p
     assert record["reward"] == 1, (record["speedup"], record.get("speedup_withheld"))
     if not record.get("speedup_withheld"):
         assert 0.9 <= record["speedup"]["eager"] <= 1.1
+
+
+@pytest.mark.parametrize("sizes, expected_mib", [
+    ({"index0": "32K", "index2": "1024K", "index3": "32768K"}, 64),  # twice a 32 MiB last-level cache
+    ({"index0": "48K", "index3": "1G"}, 256),                         # at most 256 MiB
+    ({"index0": "32K", "index2": "1024K"}, 8),                        # at least 8 MiB
+    ({}, 64),                                                         # nothing readable: 64 MiB
+])
+def test_the_host_flush_is_twice_the_last_level_cache(tmp_path, sizes, expected_mib):
+    from evaluator_cuda.settings import host_cache_flush_bytes
+
+    for index, size in sizes.items():
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert host_cache_flush_bytes(str(tmp_path)) == expected_mib << 20
+
+
+def test_host_baselines_and_candidate_calls_flush_the_same_bytes_before_each_call():
+    """Both children zero the settings' buffer before every timed call: the baselines' requests carry
+    its size, and a host evaluation's settings have one (twice the last-level cache)."""
+    from evaluator_cuda.settings import EvalSettings, host_cache_flush_bytes
+    from evaluator_cuda.timing import host_baselines
+    from evaluator_cuda.timing.profile import flush_buffer
+
+    settings = EvalSettings.for_backend("host", repeats=3, warmup=1)
+    assert settings.l2_flush_bytes == host_cache_flush_bytes() > 0
+    sent = []
+
+    class Reference:  # answers each time_call request as the reference child does
+        def request(self, message, timeout, tensor_meta=None):
+            sent.append(message)
+            return {"ok": True, "time_us": 10.0}
+
+    host_baselines.host_eager_sample(Reference(), settings)
+    assert len(sent) == 4 and all(m["l2_flush_bytes"] == settings.l2_flush_bytes for m in sent)
+    buffer = flush_buffer(settings.l2_flush_bytes, "cpu")
+    assert buffer.device.type == "cpu" and buffer.numel() * buffer.element_size() == settings.l2_flush_bytes
+    assert flush_buffer(0, "cpu") is None

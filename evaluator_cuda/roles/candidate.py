@@ -198,7 +198,7 @@ class CandidateRole:
 
         from ..isolation.torch_guard import refuse_torch_compute
         from ..timing.kernel_trace import call_range
-        from ..timing.profile import flush_l2, poison_allocator, reset_persisting_l2, time_one_call
+        from ..timing.profile import flush_buffer, flush_l2, poison_allocator, reset_persisting_l2, time_one_call
 
         if self.model is None:
             raise HandlerError("internal", "call before prepare")
@@ -208,8 +208,8 @@ class CandidateRole:
         pristine = [a if isinstance(a, torch.Tensor) else None for a in on_device]
         args = [a.clone() if a is not None else v for a, v in zip(pristine, values)]  # the candidate gets clones only
         poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)
-        if self.device == "cuda" and self.flush is None and int(req.get("l2_flush_bytes", 0)):
-            self.flush = torch.empty(int(req["l2_flush_bytes"]) // 4, dtype=torch.int32, device="cuda")
+        if self.flush is None:
+            self.flush = flush_buffer(int(req.get("l2_flush_bytes", 0)), self.device)
         if self.device == "cuda":
             self.l2_resets += reset_persisting_l2()
         flush_l2(self.flush)

@@ -81,6 +81,7 @@ class ReferenceRole:
         self.model = None
         self.device = "cpu"
         self.timing_inputs = None
+        self.flush = None  # zeroed before each baseline call timed one per request (host)
         self.compiled = None  # torch.compile of the model, for the per-call host baselines
         self.block_sizes: list[int] = []  # output sizes of the last baseline call (poisoned before the next)
         self.timed_outputs: dict = {}  # seed -> reference output of a timed input set
@@ -203,14 +204,17 @@ class ReferenceRole:
 
     def do_time_call(self, req: dict) -> dict:
         """One baseline call the way the candidate child makes each of its calls (timing/host_baselines.py):
-        fresh copies of the inputs, freed blocks poisoned, then the timed call alone."""
+        fresh copies of the inputs, freed blocks poisoned, the caches flushed, then the timed call alone."""
         import torch
 
-        from ..timing.profile import poison_allocator, time_one_call
+        from ..timing.profile import flush_buffer, flush_l2, poison_allocator, time_one_call
 
         model = self.model if req["which"] == "eager" else self.compiled
         args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.timing_inputs]
         poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)
+        if self.flush is None:
+            self.flush = flush_buffer(int(req.get("l2_flush_bytes", 0)), self.device)
+        flush_l2(self.flush)
         with torch.no_grad():
             out, time_us, _ = time_one_call(lambda: model(*args), self.device)
         self.block_sizes = [t.numel() * t.element_size() for t in (out if isinstance(out, (list, tuple)) else [out])

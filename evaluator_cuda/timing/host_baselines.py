@@ -52,8 +52,8 @@ def _timed(reference: Child, which: str, settings, bound: float, budget_s: float
 def _round(reference: Child, which: str, settings, warmup: int) -> list[float]:
     samples = []
     for position in range(warmup + settings.repeats):
-        answer = reply(reference, {"cmd": "time_call", "which": which, "poison": position % 2},
-                       settings.child_timeout_s, harness=True)
+        answer = reply(reference, {"cmd": "time_call", "which": which, "poison": position % 2,
+                                   "l2_flush_bytes": settings.l2_flush_bytes}, settings.child_timeout_s, harness=True)
         if not answer.get("ok"):
             raise reference_failure(answer)
         if position >= warmup:

@@ -112,10 +112,8 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
     with torch.no_grad():
         for _ in range(warmup):
             output = call()
+        flush = flush_buffer(l2_flush_bytes, device_type)
         if device_type == "cuda":
-            flush = None
-            if l2_flush_bytes:
-                flush = torch.empty(max(l2_flush_bytes // 4, 1), dtype=torch.int32, device="cuda")
             starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
             torch.cuda.synchronize()
@@ -131,6 +129,7 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
         else:
             samples = []
             for _ in range(repeats):
+                flush_l2(flush)
                 begin = _clock_ns()
                 output = call()
                 samples.append((_clock_ns() - begin) / 1000.0)
@@ -153,8 +152,18 @@ def poison_allocator(block_sizes: list[int], parity: int, device_type: str) -> N
     del blocks
 
 
+def flush_buffer(nbytes: int, device_type: str):
+    """A buffer whose zeroing evicts the caches before a call (GPU: L2; host: the CPU's caches), or None
+    when `nbytes` is 0."""
+    if nbytes <= 0:
+        return None
+    import torch
+
+    return torch.empty(max(nbytes // 4, 1), dtype=torch.int32, device="cuda" if device_type == "cuda" else "cpu")
+
+
 def flush_l2(buffer) -> None:
-    """Zero a buffer larger than L2 (no-op without one)."""
+    """Zero a buffer larger than the cache (no-op without one)."""
     if buffer is not None:
         buffer.zero_()
 
