@@ -90,8 +90,9 @@ def layer_errors(index: int, qkv, segment_ids_bt, kernels, *, block_size: int) -
     top, mean = float(np.abs(exact).max()), float(np.abs(exact).mean())
     rel_max, rel_mean = {}, {}
     for kernel in kernels:
-        run = jax.jit(lambda q, k, v, s, kernel=kernel: attend(kernel, q, k, v, s, block_size=block_size))
-        diff = np.abs(np.asarray(run(*qkv, segment_ids_bt), np.float32)[valid] - exact)
+        # one compilation per kernel for every layer: jit caches by the function and its static arguments
+        run = jax.jit(attend, static_argnums=0, static_argnames="block_size")
+        diff = np.abs(np.asarray(run(kernel, *qkv, segment_ids_bt, block_size=block_size), np.float32)[valid] - exact)
         rel_max[kernel], rel_mean[kernel] = float(diff.max()) / top, float(diff.mean()) / mean
     return LayerErrors(index, _score_std(qkv[0], qkv[1], valid), rel_max, rel_mean)
 
