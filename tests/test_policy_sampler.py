@@ -189,6 +189,8 @@ def test_sharded_model_generates_the_same_tokens(prompts):
     """Parameters spread over 8 devices (data 2 x fsdp 2 x tensor 2) sample exactly what one device does."""
     from policy_jax.sharding import MeshConfig, make_mesh, shard_module
 
+    if jax.device_count() < 8:
+        pytest.skip(f"needs 8 devices, this run has {jax.device_count()} (a GPU run of this file)")
     tokens, mask = prompts
     params = SamplingParams(max_new_tokens=5, temperature=0.9, top_k=20)
     single = random_model(CausalLM, _cfg(), seed=0, scale=3.0)
