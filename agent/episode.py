@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from cuda_agent.contracts import WORKSPACE_ENTRY, evaluation_job, record_reward, record_speedup
 

@@ -22,7 +22,6 @@ import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 

@@ -69,7 +69,6 @@ def _batch(rows: int, seq: int, vocab: int, seed: int = 0):
 
 def run_case(role: str, rows: int, remat: bool, quick: bool) -> dict:
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from flax import nnx
 

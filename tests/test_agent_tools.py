@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import shutil
-import resource
 import subprocess
 import sys
 import tempfile

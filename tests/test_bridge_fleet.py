@@ -8,7 +8,6 @@ import time
 
 import msgpack
 import pytest
-import zmq
 
 from bridge import protocol
 from bridge.client import BridgeClient

@@ -146,6 +146,48 @@ def test_guard_refuses_compute(call):
     assert torch.equal(x, before)
 
 
+PLANTED_DYNAMO = """
+import sys
+import types
+
+import torch
+
+from evaluator_cuda.isolation.torch_guard import ForbiddenTorchCompute, prime_guard, refuse_torch_compute
+
+assert "torch._dynamo" not in sys.modules, "torch imported torch._dynamo by itself"
+if sys.argv[1] == "primed":
+    prime_guard()  # what the candidate child does when it starts
+fake = types.ModuleType("torch._dynamo")  # planted by candidate code before its first call
+fake.disable = lambda fn, *a, **k: (lambda mode, func, types, args=(), kwargs=None: func(*args, **(kwargs or {})))
+sys.modules["torch._dynamo"] = fake
+torch._dynamo = fake
+x = torch.ones(4)
+try:
+    with refuse_torch_compute(), torch._C.DisableTorchFunction():  # only the ATen layer sees the add
+        x + x
+except ForbiddenTorchCompute:
+    print("refused")
+else:
+    print("computed")
+"""
+
+
+def test_a_planted_torch_dynamo_cannot_switch_the_aten_guard_off(tmp_path):
+    """torch imports torch._dynamo at a dispatch mode's first use and runs the handler it hands back:
+    unprimed, a planted module lets ATen compute through; primed at the child's start, it is refused."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "planted.py"
+    script.write_text(PLANTED_DYNAMO)
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "PATH": "/usr/bin:/bin"}
+    said = {mode: subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, env=env,
+                                 timeout=300) for mode in ("primed", "unprimed")}
+    assert said["primed"].stdout.strip() == "refused", said["primed"].stderr[-2000:]
+    assert said["unprimed"].stdout.strip() == "computed", said["unprimed"].stderr[-2000:]  # the hole it closes
+
+
 def test_guard_off_is_a_no_op():
     x = torch.randn(3)
     with refuse_torch_compute(enabled=False):

@@ -4,7 +4,6 @@ rollouts come from the updated actor (its log-probs reproduce theirs, the old ac
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import tempfile
 from pathlib import Path

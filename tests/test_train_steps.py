@@ -10,7 +10,6 @@ import pytest
 from flax import nnx
 
 from policy_jax.distributed import global_batch_from_local, wants_distributed
-from policy_jax.rl.losses import PPOClip
 from policy_jax.run_config import DistributedConfig, OptimizerConfig, load_run_config
 from policy_jax.sharding import MeshConfig, batch_sharding, make_mesh, shard_module
 from policy_jax.train_state import create_train_state, learning_rate_schedule, make_optimizer

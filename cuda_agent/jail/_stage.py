@@ -31,7 +31,6 @@ import os
 import resource
 import signal
 import struct
-import sys
 
 PLAN_ENV = "CUDA_AGENT_JAIL_PLAN"
 SETUP_FAILED = 125

@@ -162,6 +162,20 @@ def _check_unchanged(before: tuple) -> ForbiddenGuardSwitch | None:
         "guard_switch", "the torch-compute guard was switched off or changed during the call"))
 
 
+def prime_guard() -> None:
+    """Build the guard's modes and pass one allowed operator through both, before any candidate code.
+
+    torch wraps a dispatch mode's handler so that its first use imports torch._dynamo (about a second
+    of CPU). Done here, that import is paid while the child warms, not inside the candidate's first
+    timed call, and it is resolved from torch's own modules, never from a `torch._dynamo` that
+    candidate code might have put in sys.modules.
+    """
+    import torch
+
+    with refuse_torch_compute(True):
+        torch.empty(0)
+
+
 @contextlib.contextmanager
 def refuse_torch_compute(enabled: bool = True):
     """Context manager: inside it torch computes nothing except allocation, views and metadata."""
