@@ -26,7 +26,7 @@ from .extension.build import build_workspace
 from .extension.diagnostics import located, shown_to_agent
 from .extension.torch_build import build_env
 from .gpu_work import attribute_kernels, trace_env, withhold_unbelievable_times
-from .timing.host_baselines import host_baselines, host_eager_sample
+from .timing.host_baselines import host_baselines, host_eager_call, host_eager_sample
 from .timing.host_pin import choose_cpu
 from .timing.stability import baseline_protocol, baseline_recheck, eager_drift, timing_se_bound, unstable_times
 from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
@@ -194,7 +194,7 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
                 eager_before = _eager_sample(reference, settings, baseline_protocol(settings))
         say("running the candidate's calls")
         with _step(record, "calls"):
-            calls = _run_calls(candidate, checks["inputs"], timed, settings, record)
+            calls = _run_calls(candidate, reference, checks["inputs"], timed, settings, record)
         if _keep_warm:  # the timed calls are over: the next evaluation's children may start now
             _STANDBY.refill(slot.env, slot.guard, slot.device_type)
         with _step(record, "expected"):
@@ -431,22 +431,33 @@ class _Calls:
     splits: list = dataclasses.field(default_factory=list)  # per call: the candidate child's split (µs)
     round_trips: list = dataclasses.field(default_factory=list)  # per call, warm-up included (µs)
     timed_positions: list = dataclasses.field(default_factory=list)  # positions of the timed calls
+    paired_eager: list = dataclasses.field(default_factory=list)  # host: an eager call's time (µs) per timed call
 
 
-def _run_calls(candidate: Child, check_inputs: list, timed: _TimedSets, settings: EvalSettings,
+def _run_calls(candidate: Child, reference: Child, check_inputs: list, timed: _TimedSets, settings: EvalSettings,
                record: dict) -> _Calls:
-    """Every call of one schedule (verdict/schedule.py), through the same path in the candidate child."""
+    """Every call of one schedule (verdict/schedule.py), through the same path in the candidate child.
+
+    Profiled on the host, each call after the warm-up is paired with one eager call in the reference
+    child, just before it or just after it in turn: the two medians then come from the same seconds
+    of a machine whose speed drifts by tens of percent from one second to the next."""
     schedule, sampled = call_schedule(settings.checks, timed.calls, len(timed.seeds), settings.timed_checks)
     requests = CallRequests(schedule, check_inputs, timed.inputs, settings.l2_flush_bytes)
     calls = _Calls(schedule, {}, [], [])
     answer: dict = {}
     limit = call_timeout(record.get("reference_call_s"), settings)
+    paired = settings.profile and settings.device_type() == "cpu"
     for position, (kind, index) in enumerate(schedule):
         timeout = min(settings.child_timeout_s, limit + (settings.first_call_extra_s if position == 0 else 0.0))
         request = {**requests.request(position, (kind, index)), "position": position}
+        pair_now = paired and position >= settings.warmup
+        if pair_now and position % 2 == 0:
+            calls.paired_eager.append(host_eager_call(reference, settings, position))
         sent = time.perf_counter()
         answer = reply(candidate, request, timeout, harness=False)
         outside_us = (time.perf_counter() - sent) * 1e6
+        if pair_now and position % 2 == 1:
+            calls.paired_eager.append(host_eager_call(reference, settings, position))
         if not answer.get("ok"):
             raise candidate_failure(answer)
         calls.splits.append(answer.get("split_us"))
@@ -570,6 +581,9 @@ def _record_times(reference: Child, task: Task, calls: _Calls, timed: _TimedSets
     if eager_before is not None and eager_after is not None:
         record["eager_drift"] = eager_drift(eager_before, eager_after, settings.margin)
     record["times_us"]["eager"] = baselines.get("eager")
+    if calls.paired_eager:  # the host: eager timed call by call beside the candidate's calls
+        record["times_us"]["eager_baseline"] = baselines.get("eager")
+        record["times_us"]["eager"] = {**summarize_times(calls.paired_eager), "paired": True}
     record["times_us"]["compile"] = baselines.get("compile")
     if baselines.get("compile_error"):
         record["compile_baseline_error"] = baselines["compile_error"]

@@ -99,6 +99,52 @@ def test_the_unchanged_reference_earns_no_speed_up_under_load(build_cache, tmp_p
     assert record["reward"] == 1, (record["speedup"], record.get("speedup_withheld"))
     if not record.get("speedup_withheld"):
         assert 0.9 <= record["speedup"]["eager"] <= 1.1
+    times = record["times_us"]  # eager was timed call by call beside the candidate's calls
+    assert times["eager"]["paired"] and times["eager"]["n"] == times["candidate"]["n"]
+    assert times["eager_baseline"]["median_us"] > 0
+
+
+class _DriftingMachine:
+    """Two fake children on one machine that becomes twice as slow after `fast_requests` requests to
+    either child: every call, eager or candidate, takes 100 µs times the machine's slowness then."""
+
+    def __init__(self, fast_requests: int):
+        self.fast_requests, self.requests = fast_requests, []
+
+    def child(self, role: str):
+        machine = self
+
+        class Fake:
+            def request(self, message, timeout, tensor_meta=None):
+                machine.requests.append(role)
+                time_us = 100.0 * (1.0 if len(machine.requests) <= machine.fast_requests else 2.0)
+                if role == "reference":
+                    assert message["cmd"] == "time_call" and message["which"] == "eager"
+                    return {"ok": True, "time_us": time_us}
+                return {"ok": True, "output": None, "output_meta": [], "time_us": time_us, "wall_us": time_us,
+                        "split_us": {}, "l2_resets": 0}
+
+        return Fake()
+
+
+def test_host_calls_are_paired_with_eager_calls_on_the_same_machine_moment():
+    """Profiled on the host, every call after the warm-up has one eager call right before or right after
+    it, in turn: a machine that halves its speed halfway through leaves the ratio at exactly 1, where
+    eager timed in a round before the calls (at the fast speed) would make the candidate 0.67x."""
+    from evaluator_cuda import evaluation
+    from evaluator_cuda.settings import EvalSettings
+
+    settings = EvalSettings.for_backend("host", profile=True, checks=2, warmup=2, repeats=8)
+    timed = evaluation._TimedSets(seeds=[1, 2], inputs=[[], []], calls=settings.warmup + settings.repeats, set_bytes=0)
+    machine = _DriftingMachine(fast_requests=2 + 2 * 5)  # the warm-up calls, then five pairs at full speed
+    calls = evaluation._run_calls(machine.child("candidate"), machine.child("reference"), [[], []], timed, settings, {})
+    assert machine.requests[:2] == ["candidate", "candidate"]  # the warm-up calls are not paired
+    pairs = [machine.requests[i:i + 2] for i in range(2, len(machine.requests), 2)]
+    assert pairs == [["reference", "candidate"], ["candidate", "reference"]] * 5  # before, after, in turn
+    assert len(calls.paired_eager) == len(calls.times) == 10
+    eager, candidate = summarize_times(calls.paired_eager), summarize_times(calls.times)
+    assert eager["median_us"] / candidate["median_us"] == 1.0
+    assert 100.0 / candidate["median_us"] < 0.7  # the fast machine's eager time against these calls
 
 
 @pytest.mark.parametrize("sizes, expected_mib", [

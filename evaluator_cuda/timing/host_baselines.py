@@ -39,6 +39,12 @@ def host_eager_sample(reference: Child, settings) -> dict:
     return summarize_times(_round(reference, "eager", settings, settings.warmup))
 
 
+def host_eager_call(reference: Child, settings, position: int) -> float:
+    """One eager call timed in the reference child (µs), prepared as the candidate's call at `position` is:
+    the eager time paired with that call."""
+    return _round(reference, "eager", settings, 0, first=position, count=1)[0]
+
+
 def _timed(reference: Child, which: str, settings, bound: float, budget_s: float) -> dict:
     begin = time.perf_counter()
     samples = _round(reference, which, settings, settings.warmup)
@@ -49,13 +55,14 @@ def _timed(reference: Child, which: str, settings, bound: float, budget_s: float
     return {**summarize_times(samples), "rounds": rounds}
 
 
-def _round(reference: Child, which: str, settings, warmup: int) -> list[float]:
+def _round(reference: Child, which: str, settings, warmup: int, first: int = 0,
+           count: int | None = None) -> list[float]:
     samples = []
-    for position in range(warmup + settings.repeats):
+    for position in range(first, first + (warmup + settings.repeats if count is None else count)):
         answer = reply(reference, {"cmd": "time_call", "which": which, "poison": position % 2,
                                    "l2_flush_bytes": settings.l2_flush_bytes}, settings.child_timeout_s, harness=True)
         if not answer.get("ok"):
             raise reference_failure(answer)
-        if position >= warmup:
+        if position >= first + warmup:
             samples.append(float(answer["time_us"]))
     return samples
