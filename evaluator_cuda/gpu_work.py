@@ -18,7 +18,7 @@ from .isolation.sandbox import Child
 from .settings import EvalSettings
 from .solutions import Solution
 from .timing.kernel_trace import TRACE_ENV
-from .timing.stability import drift_reason, timing_se_bound, unstable_times
+from .timing.stability import drift_reason, reward_noise_cannot_make, timing_se_bound, unstable_times
 from .verdict.attribution import attribution_problem, classify, extension_symbols, span_disagreement
 from .verdict.fault import Verdict, candidate_failure, rejection, reply
 
@@ -77,8 +77,13 @@ def withhold_unbelievable_times(calls, trace: dict | None, settings: EvalSetting
                            f"{outside:.1f} µs the evaluator's own clock saw pass")
     unstable = unstable_times({k: record["times_us"].get(k) for k in ("candidate", "eager", "compile")},
                               timing_se_bound(settings))
-    if unstable:
+    cap = reward_noise_cannot_make(record["times_us"], settings.margin) if unstable else 3
+    if cap == 1 and unstable:
         reasons.append(unstable)
+    elif unstable:  # imprecise, but the speed-up over eager is far beyond the margin
+        record["noise_outweighed"] = unstable
+        if cap == 2:
+            record["reward_cap"] = 2  # clearly faster than eager; against torch.compile the noise decides
     drift = drift_reason(record.get("eager_drift"))
     if drift:
         reasons.append(drift)

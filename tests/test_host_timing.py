@@ -147,6 +147,52 @@ def test_host_calls_are_paired_with_eager_calls_on_the_same_machine_moment():
     assert 100.0 / candidate["median_us"] < 0.7  # the fast machine's eager time against these calls
 
 
+def _times(candidate: float, eager: float, compile_us: float | None, errors: tuple) -> dict:
+    names = ("candidate", "eager", "compile")
+    values = (candidate, eager, compile_us)
+    return {n: {"median_us": v, "median_rel_se": e} for n, v, e in zip(names, values, errors) if v is not None}
+
+
+def test_the_reward_imprecise_times_cannot_have_made():
+    """Hand-computed on the log scale: margin 5 % (ln 1.05 = 0.049), three standard errors of each pair."""
+    from evaluator_cuda.timing.stability import reward_noise_cannot_make as cap
+
+    # maxpool2d's host solution: eager 163.3 ms, candidate 33.3 ms, errors 9.3 % and 3 %: ln 4.90 - 0.049 =
+    # 1.54 > 3 x 0.098; compile 28.5 ms at 2 %: ln 0.855 - 0.049 = -0.205, within 3 x 0.095 = 0.285
+    assert cap(_times(33330, 163265, 28510, (0.093, 0.030, 0.02)), 0.05) == 2
+    # the same against a compile time of 120 ms: clearly faster than both, the medians decide
+    assert cap(_times(33330, 163265, 120000, (0.093, 0.030, 0.02)), 0.05) == 3
+    # ... and of 10 ms: clearly slower than compile, the medians decide (reward 2)
+    assert cap(_times(33330, 163265, 10000, (0.093, 0.030, 0.02)), 0.05) == 3
+    # the unchanged reference at 1.15x with 3 % errors: 0.140 - 0.049 = 0.091 < 3 x 0.042 = 0.127
+    assert cap(_times(1000, 1150, None, (0.03, 0.03, None)), 0.05) == 1
+    # clearly slower than eager: nothing to withhold, the instability stays on the record
+    assert cap(_times(2000, 1000, None, (0.09, 0.09, None)), 0.05) == 1
+
+
+def test_imprecise_times_withhold_only_the_reward_the_noise_could_have_made():
+    """The same imprecise times (above the 2.5 % bound) earn reward 2 at 4.9x eager (against compile the
+    noise decides) and 3 at 4.9x eager and 3.6x compile; at 1.15x eager they earn no speed-up."""
+    from types import SimpleNamespace
+
+    from evaluator_cuda.gpu_work import withhold_unbelievable_times
+    from evaluator_cuda.settings import EvalSettings
+    from evaluator_cuda.verdict.record import finish, new_record
+
+    settings = EvalSettings.for_backend("host", profile=True)
+    calls = SimpleNamespace(outside=[], walls=[], times=[], timed_positions=[])
+    records = []
+    for eager, compiled in ((163265, 28510), (163265, 120000), (38330, 28510)):
+        record = new_record("task", "candidate", "workspace", settings)
+        record["times_us"].update(_times(33330, eager, compiled, (0.093, 0.030, 0.02)))
+        withhold_unbelievable_times(calls, None, settings, record)
+        records.append(finish(record, "correct"))
+    assert [r["reward"] for r in records] == [2, 3, 1]
+    assert all(r["noise_outweighed"].startswith("timing unstable") for r in records[:2])
+    assert not records[0].get("speedup_withheld") and records[0]["reward_cap"] == 2
+    assert records[2]["speedup_withheld"][0].startswith("timing unstable")
+
+
 @pytest.mark.parametrize("sizes, expected_mib", [
     ({"index0": "32K", "index2": "1024K", "index3": "32768K"}, 64),  # twice a 32 MiB last-level cache
     ({"index0": "48K", "index3": "1G"}, 256),                         # at most 256 MiB

@@ -2,7 +2,9 @@
 
 The reward compares medians with a 5 % margin. A median whose relative standard error is larger
 than half that margin cannot tell a 5 % gain from noise: such a time (the candidate's, eager's or
-torch.compile's) withholds the speed-up reward, and such a baseline is not cached.
+torch.compile's) withholds the speed-up reward, and such a baseline is not cached. Unless the
+speed-up is far beyond the margin (`reward_noise_cannot_make`): a candidate 4.9x faster than eager
+with a 9 % standard error has earned reward 2 whatever the noise.
 """
 
 from __future__ import annotations
@@ -26,6 +28,30 @@ def unstable_times(times: dict, bound: float) -> str | None:
     if not loose:
         return None
     return f"timing unstable: the median's relative standard error is {', '.join(loose)} (at most {bound:.1%})"
+
+
+CLEAR_STANDARD_ERRORS = 3.0
+
+
+def _standing(times: dict, baseline: str, margin: float) -> int | None:
+    """+1 when the candidate beats `baseline` by the margin beyond CLEAR_STANDARD_ERRORS standard errors
+    of the pair of medians (on the log scale, where a relative standard error is one), -1 when it misses
+    it as clearly, 0 in between; None when either time is missing."""
+    candidate, base = times.get("candidate") or {}, times.get(baseline) or {}
+    if not candidate.get("median_us") or not base.get("median_us"):
+        return None
+    gap = math.log(base["median_us"] / candidate["median_us"]) - math.log1p(margin)
+    noise = CLEAR_STANDARD_ERRORS * math.hypot(candidate.get("median_rel_se") or 0.0, base.get("median_rel_se") or 0.0)
+    return 1 if gap > noise else -1 if gap < -noise else 0
+
+
+def reward_noise_cannot_make(times: dict, margin: float) -> int:
+    """The highest reward imprecise times cannot have made: 3 when the candidate clearly beats eager and
+    stands clearly against torch.compile (faster or not; the medians decide), 2 when it clearly beats
+    eager but not clearly compile either way, else 1."""
+    if _standing(times, "eager", margin) != 1:
+        return 1
+    return 2 if _standing(times, "compile", margin) == 0 else 3
 
 
 def baseline_protocol(settings) -> dict:

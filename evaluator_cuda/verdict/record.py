@@ -72,4 +72,6 @@ def finish(record: dict, status: str, message: str = "", diagnostics: list | Non
     record["reward"] = milestone_reward(status == "correct", t, t_eager, t_compile, record["margin"])
     if record.get("speedup_withheld") and record["reward"] is not None:
         record["reward"] = min(record["reward"], 1)  # times it cannot trust earn no speed-up reward
+    if record.get("reward_cap") and record["reward"] is not None:
+        record["reward"] = min(record["reward"], record["reward_cap"])  # what the noise cannot have made
     return record
