@@ -454,6 +454,32 @@ def test_every_child_allocates_blocks_of_a_few_mib_from_its_heap(build_cache, ja
     assert "SHOWN 0" in record["message"], record["message"]
 
 
+# The kB of transparent huge pages in the mapping that holds a fresh, filled 16 MiB torch tensor.
+_HUGE_KB_OF_16MIB = (
+    "(lambda t, blocks: [int(b.split('AnonHugePages:')[1].split()[0]) for b in blocks"
+    " if int(b.split('-')[0], 16) <= t.data_ptr() < int(b.split('-')[1].split()[0], 16)][0])"
+    "(__import__('torch').ones(4 << 20),"
+    " __import__('re').split(r'(?m)^(?=[0-9a-f]+-[0-9a-f]+ )', open('/proc/self/smaps').read())[1:])")
+
+
+def _huge_pages_available() -> bool:
+    try:
+        return "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _huge_pages_available(), reason="transparent huge pages are off on this machine")
+@pytest.mark.parametrize("jailed", [True, False], ids=["jailed", "unjailed"])
+def test_every_child_puts_torch_blocks_of_a_few_mib_on_huge_pages(build_cache, jailed):
+    """torch's CPU allocator is told to use transparent huge pages in every child: most of a fresh 16 MiB
+    tensor lies on them (without the setting, none of it does where huge pages are only given on request)."""
+    settings = _settings(build_cache, jail_children=jailed)
+    record = evaluate(AXPY_TASK, workspace(model_new=_show(_HUGE_KB_OF_16MIB)), settings)
+    shown = record["message"].split("SHOWN ", 1)[-1]
+    assert shown.isdigit() and int(shown) >= 8 * 1024, record["message"]
+
+
 def test_the_jailed_candidate_runs_in_a_memory_cgroup_removed_after_it(build_cache):
     """Its group is named in the record with the limit of the settings, the candidate sees itself in it,
     and the group is gone once the evaluation has ended."""

@@ -59,7 +59,8 @@ def baseline_protocol(settings) -> dict:
     protocol = {"warmup": settings.warmup, "repeats": settings.repeats, "l2_flush_bytes": settings.l2_flush_bytes,
                 "backend": settings.backend}
     if settings.device_type() == "cpu":
-        protocol.update(host_threads=settings.host_threads, host_pin_cpu=settings.host_pin_cpu)
+        protocol.update(host_threads=settings.host_threads, host_pin_cpu=settings.host_pin_cpu,
+                        host_pages="thp")  # torch's CPU blocks on huge pages (sandbox.MALLOC_ENV)
     return protocol
 
 
