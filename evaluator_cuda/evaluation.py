@@ -446,7 +446,7 @@ def _run_calls(candidate: Child, reference: Child, check_inputs: list, timed: _T
     calls = _Calls(schedule, {}, [], [])
     answer: dict = {}
     limit = call_timeout(record.get("reference_call_s"), settings)
-    paired = settings.profile and settings.device_type() == "cpu"
+    paired = settings.profile and settings.device_type() == "cpu" and settings.pair_host_eager
     for position, (kind, index) in enumerate(schedule):
         timeout = min(settings.child_timeout_s, limit + (settings.first_call_extra_s if position == 0 else 0.0))
         request = {**requests.request(position, (kind, index)), "position": position}

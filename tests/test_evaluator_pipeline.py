@@ -143,7 +143,8 @@ def _fresh_sample_agrees(monkeypatch, eager_us: float) -> None:
 def test_baseline_cache_hit_skips_timing_and_sets_the_reward(tmp_path, monkeypatch):
     """Cached baselines that a fresh sample agrees with are used as they are: no re-timing, and the
     reward follows them."""
-    settings = host(str(tmp_path), profile=True, timing_se_bound=1e9)  # the reward rule, not the noise
+    settings = host(str(tmp_path), profile=True, timing_se_bound=1e9,  # the reward rule, not the noise
+                    pair_host_eager=False)  # the baseline's eager time decides, as on a GPU
     _plant_baselines(str(tmp_path), settings, eager_us=1e9, compile_us=1e9)
     _fresh_sample_agrees(monkeypatch, 1e9)
     record = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
@@ -164,7 +165,7 @@ def test_a_machine_that_slows_down_during_the_evaluation_earns_no_speed_up(tmp_p
     The same times with no drift earn the speed-up (the test above), so the drift is what withholds it."""
     from evaluator_cuda import evaluation
 
-    settings = host(str(tmp_path), profile=True, timing_se_bound=1e9)
+    settings = host(str(tmp_path), profile=True, timing_se_bound=1e9, pair_host_eager=False)
     _plant_baselines(str(tmp_path), settings, eager_us=1e9, compile_us=1e9)
     samples = iter([{"median_us": 5e8, "median_rel_se": 0.01}, {"median_us": 1e9, "median_rel_se": 0.01}])
     monkeypatch.setattr(evaluation, "_eager_sample", lambda *a: next(samples))
@@ -181,7 +182,8 @@ def test_a_cached_eager_time_that_a_fresh_sample_contradicts_is_measured_again(t
     """A sealed baseline timed under another load (here planted far from the truth) is not trusted: the
     eager calls timed in this evaluation contradict it, the baselines are measured again, the cache
     entry is replaced, and the speed-up is judged against the new time."""
-    settings = host(str(tmp_path), profile=True, timing_se_bound=1e9)  # cached whatever the noise
+    settings = host(str(tmp_path), profile=True, timing_se_bound=1e9,  # cached whatever the noise
+                    pair_host_eager=False)  # the baseline's eager time decides, as on a GPU
     path = _plant_baselines(str(tmp_path), settings, eager_us=planted_us, compile_us=planted_us)
     record = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
     assert record["status"] == "correct", record["message"]
@@ -198,7 +200,8 @@ def test_a_cached_eager_time_that_a_fresh_sample_contradicts_is_measured_again(t
 @pytest.mark.slow
 def test_baseline_cache_miss_measures_once(tmp_path, monkeypatch):
     """First evaluation times eager and torch.compile and stores them; the second reuses them."""
-    settings = host(str(tmp_path), profile=True, repeats=3, warmup=1, timing_se_bound=1e9)  # the cache, not the noise
+    settings = host(str(tmp_path), profile=True, repeats=3, warmup=1, timing_se_bound=1e9,  # the cache, not the noise
+                    pair_host_eager=False)
     first = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
     assert first["status"] == "correct", first["message"]
     assert first["baseline_cache_hit"] is False and "baselines" in first["wall_s"]
