@@ -166,9 +166,9 @@ def prime_guard() -> None:
     """Build the guard's modes and pass one allowed operator through both, before any candidate code.
 
     torch wraps a dispatch mode's handler so that its first use imports torch._dynamo (about a second
-    of CPU). Done here, that import is paid while the child warms, not inside the candidate's first
-    timed call, and it is resolved from torch's own modules, never from a `torch._dynamo` that
-    candidate code might have put in sys.modules.
+    of CPU). Done here, when the candidate loads, that import is not inside its first timed call, and
+    it is resolved from torch's own modules, never from a `torch._dynamo` that candidate code might
+    have put in sys.modules.
     """
     import torch
 

@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 
 from ..isolation.guard_lock import lock_guard_switches, precision_settings
-from ..isolation.torch_guard import ForbiddenGuardSwitch, ForbiddenTorchCompute, take_refusals
+from ..isolation.torch_guard import ForbiddenGuardSwitch, ForbiddenTorchCompute, prime_guard, take_refusals
 from ..isolation.wire import describe_tensors, host_copy
 from ..tasks import TaskError, exec_task
 from ..timing import host_pin
@@ -113,6 +113,8 @@ class CandidateRole:
         sys.path.insert(0, str(solution_dir))
         import torch  # noqa: F401  (torch before any extension)
 
+        if self.block_torch:  # the guard's lazy imports, before any candidate code (its extension too) loads
+            prime_guard()
         if req.get("host_threads"):  # before any candidate code: threads and CPU of the timed calls
             self.timing_state = host_pin.pin(req["host_threads"], req.get("host_cpu"))
         if self.device == "cuda":

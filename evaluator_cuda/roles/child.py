@@ -17,7 +17,6 @@ from ..isolation import wire
 from ..isolation.sandbox import (CHANNEL_FD_ENV, LIMITS_ENV, SLOT_DIR_ENV, WARM_ENV, limit_resources, remove_slot_dir,
                                  warm_up)
 from ..settings import CHILD_FILE_SIZE_BYTES, CHILD_OPEN_FILES
-from ..isolation.torch_guard import prime_guard
 from ..timing.kernel_trace import TRACE_ENV, start_trace
 from .errors import HandlerError, one_line
 
@@ -49,8 +48,6 @@ def serve(role: str) -> None:
     trace = os.environ.pop(TRACE_ENV, "")
     if warm:  # started ahead of its evaluation: pay for torch and the CUDA context now, before any request
         warm_up(warm)
-    if role == "candidate":  # the guard's lazy imports, before any candidate code loads
-        prime_guard()
     if trace and role == "candidate" and warm == "cuda":  # before any candidate code loads
         start_trace()
     while True:
