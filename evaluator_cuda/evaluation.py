@@ -29,6 +29,7 @@ from .gpu_work import attribute_kernels, trace_env, withhold_unbelievable_times
 from .timing.host_baselines import host_baselines, host_eager_call, host_eager_sample
 from .timing.host_pin import choose_cpu
 from .timing.stability import baseline_protocol, baseline_recheck, eager_drift, timing_se_bound, unstable_times
+from .isolation import forkserver
 from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from .isolation.static_checks import check_solution_sources
 from .progress import say
@@ -57,10 +58,13 @@ atexit.register(_STANDBY.close)
 
 def keep_children_warm(enabled: bool = True) -> None:
     """Keep the next evaluation's children started and warm (torch imported, CUDA context made)
-    while this process is between evaluations or finishing one. For long-lived callers."""
+    while this process is between evaluations or finishing one, and fork reference children from a
+    server that imported torch once (isolation/forkserver.py). For long-lived callers."""
     global _keep_warm
     _keep_warm = enabled
-    if not enabled:
+    if enabled:
+        forkserver.enable()
+    else:  # the fork server stays when warming stops (forkserver.enable(False) ends it)
         _STANDBY.close()
 
 
@@ -174,6 +178,7 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
     extension, runtime = _extension_copy(extension, slot.extension_dir, settings)
     solution_dir = _read_only_copy(solution, task, slot.workdir / "solution")
     record["sandbox"] = {k: v for k, v in slot.guard.items() if k not in ("command_prefix", "jail_protections")}
+    record["sandbox"]["reference_forked"] = slot.reference.forked  # from the fork server, torch imported
     if slot.candidate.protections is not None:
         record["sandbox"]["jail"] = slot.candidate.protections
     begin = time.perf_counter()

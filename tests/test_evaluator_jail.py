@@ -347,13 +347,17 @@ def test_a_tampered_baseline_is_measured_again(tmp_path):
 
 
 def test_a_tampered_cached_library_is_rebuilt(build_cache, tmp_path):
+    """In the shared cache (its binding runtime is built once for the run), under a key of its own."""
+    import uuid
+
     from evaluator_cuda.extension.build import build_workspace
 
-    settings = _settings(str(tmp_path))
-    first = build_workspace(workspace().files, settings)
+    settings = _settings(build_cache)
+    solution = workspace(binding_body=f"// {uuid.uuid4().hex}")
+    first = build_workspace(solution.files, settings)
     assert first.status == "built" and not first.cache_hit
     Path(first.so_path).write_bytes(b"\x7fELF not the library the harness built")
-    record = evaluate(AXPY_TASK, workspace(), settings)
+    record = evaluate(AXPY_TASK, solution, settings)
     assert record["status"] == "correct", record["message"]
     assert record["build"]["cache_hit"] is False
 

@@ -16,7 +16,8 @@ Without the jail (jails_children() False: the setting, or the cuda backend's def
 machine that cannot build it while it is not required) the child gets rlimits and, where
 `unshare` works, its own network namespace.
 EvaluationSlot / StandbySlots start an evaluation's two children ahead of their work,
-warming (torch imported, CUDA context made).
+warming (torch imported, CUDA context made). A reference child (trusted: it runs the task's own
+code) may instead be forked from a server that has imported torch (forkserver.py).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from cuda_agent.jail import cgroup as jail_cgroup
 from cuda_agent.jail import uids as jail_uids
 
 from ..settings import CHILD_FILE_SIZE_BYTES, CHILD_OPEN_FILES
-from . import wire
+from . import forkserver, wire
 
 CHANNEL_FD_ENV = "CUDA_AGENT_CHANNEL_FD"
 
@@ -205,7 +206,11 @@ class Child:
             else:
                 argv = [*guard.get("command_prefix", []), *argv]
             self._log = open(self.log_path, "ab")
-            self.proc = subprocess.Popen(
+            forked = None
+            if role == "reference" and not guard and forkserver.enabled():  # trusted: forked, torch imported
+                forked = forkserver.spawn_reference(cwd, popen_env, child_sock.fileno(), self._log.fileno())
+            self.forked = forked is not None
+            self.proc = forked or subprocess.Popen(
                 argv,
                 cwd=cwd,
                 env=popen_env,

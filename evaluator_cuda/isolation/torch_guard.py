@@ -134,6 +134,13 @@ def _build_modes():
             return func(*args, **(kwargs or {}))
 
     class RefuseAtenCompute(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch would wrap the handler below in one that imports torch._dynamo at its first use (a
+            # second and a half of CPU per child) and then runs what that module hands back, which
+            # candidate code could have planted in sys.modules. Unwrapped, the handler runs as written.
+            return False
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if not _aten_allowed(func):
                 packet = getattr(func, "overloadpacket", func)
@@ -165,10 +172,9 @@ def _check_unchanged(before: tuple) -> ForbiddenGuardSwitch | None:
 def prime_guard() -> None:
     """Build the guard's modes and pass one allowed operator through both, before any candidate code.
 
-    torch wraps a dispatch mode's handler so that its first use imports torch._dynamo (about a second
-    of CPU). Done here, when the candidate loads, that import is not inside its first timed call, and
-    it is resolved from torch's own modules, never from a `torch._dynamo` that candidate code might
-    have put in sys.modules.
+    Built here, the modes subclass torch's mode classes as torch imported them, whatever candidate code
+    later puts in their modules; and the first use of each has happened. Nothing on the guard's path
+    is imported lazily (torch._dynamo is not imported at all: see _should_skip_dynamo above).
     """
     import torch
 

@@ -113,7 +113,7 @@ class CandidateRole:
         sys.path.insert(0, str(solution_dir))
         import torch  # noqa: F401  (torch before any extension)
 
-        if self.block_torch:  # the guard's lazy imports, before any candidate code (its extension too) loads
+        if self.block_torch:  # the guard's modes built from torch as imported, before any candidate code loads
             prime_guard()
         if req.get("host_threads"):  # before any candidate code: threads and CPU of the timed calls
             self.timing_state = host_pin.pin(req["host_threads"], req.get("host_cpu"))
