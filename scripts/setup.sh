@@ -2,6 +2,9 @@
 # Set up a virtual environment in .venv (CPU torch first) with the project and the extras named by the
 # argument: `all,dev` (the default: everything, tests included) or fewer, such as `evaluator` for the
 # kernel benchmark alone. A later call with more extras adds them to the same .venv.
+# With the evaluator among the extras, the evaluator's one-time builds (the binding runtime, the fast
+# build's shared headers) are made while pip installs the rest: in the tests' cache when the test tools
+# are asked for, else in the user's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=${1:-all,dev}
@@ -12,4 +15,26 @@ PY=${PYTHON:-python3}
 python -m pip install -q --upgrade pip
 # The CPU build of torch must come first: a plain 'torch' requirement could pull a multi-GB CUDA build.
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0" || python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+
+WARM_UP_PID=
+case ",$EXTRAS," in
+  *,all,*|*,evaluator,*)
+    python -m pip install -q -e . ninja  # the command and what the warm-up needs; the extras follow
+    case ",$EXTRAS," in
+      *,dev,*) CACHE=${CUDA_AGENT_TEST_CACHE:-$HOME/.cache/cuda-agent-tests} ;;
+      *) CACHE=${CUDA_AGENT_CACHE:-$HOME/.cache/cuda-agent} ;;
+    esac
+    mkdir -p "$CACHE"
+    echo "setup: building the evaluator's binding runtime in $CACHE while the extras install"
+    CUDA_AGENT_CACHE="$CACHE" cuda-agent fast-build --warm-up > "$CACHE/warm-up.log" 2>&1 &
+    WARM_UP_PID=$!
+    ;;
+esac
 python -m pip install -q -e ".[$EXTRAS]"
+if [ -n "$WARM_UP_PID" ]; then
+  if wait "$WARM_UP_PID"; then
+    echo "setup: the binding runtime is built"
+  else
+    echo "setup: warning: the warm-up failed (the first evaluation builds it instead): $(tail -1 "$CACHE/warm-up.log")" >&2
+  fi
+fi
