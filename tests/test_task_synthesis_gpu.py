@@ -27,6 +27,11 @@ from task_synthesis.pipeline.outputs import second_tries
 from task_synthesis.pipeline.run import RunOptions, Synthesis
 from task_synthesis.pipeline.second_tries import Requeue, batch_factor
 
+from synthesis_helpers import checks_in_this_process  # noqa: F401 (a fixture)
+
+# The worker's logic with patched checks: each candidate's checks in this process, not in a zygote's child.
+pytestmark = pytest.mark.usefixtures("checks_in_this_process")
+
 OPERATORS = store.load()["operators"]
 MiB = 2**20
 

@@ -1,7 +1,8 @@
 """Candidate code runs only in jailed workers. With the static screen off, planted candidates that
 reach for the run's files, the repository, the user's home, the network, memory or other processes
-are stopped by the jail and recorded as rejections, and only the run writes its journal; a worker
-that dies, hangs or forges its reply makes its candidate a `worker` rejection and is replaced;
+are stopped by the jail and recorded as rejections, and only the run writes its journal; a candidate
+whose own process dies or answers with something else is a `crash`; a worker that dies, hangs or
+forges its reply makes its candidate a `worker` rejection and is replaced;
 without the jail the LLM composer is refused and the programmatic one still runs."""
 
 import json
@@ -18,34 +19,20 @@ import pytest
 from typer.testing import CliRunner
 
 from cuda_agent.cli import app
-from task_synthesis.catalogue import store
-from task_synthesis.compose.composer import compose
-from task_synthesis.compose.render import render
 from task_synthesis.config import SynthesisConfig
 from task_synthesis.filter.launch import Launcher, WorkerLimits, jail_problem
 from task_synthesis.filter.pool import WorkerPool, WorkersCannotStart
 from task_synthesis.filter.replies import MalformedReply, checked_verdict
 from task_synthesis.pipeline.journal import journal_path
 from task_synthesis.pipeline.outputs import write_parquet
-from task_synthesis.pipeline.run import RunOptions, Synthesis, candidate_seed
+from task_synthesis.pipeline.run import RunOptions, Synthesis
 
-from synthesis_helpers import chat_server, chat_settings  # noqa: F401 (chat_server is a fixture)
+from synthesis_helpers import (SEED, chat_server, chat_settings, composed_source, filter_job,  # noqa: F401
+                               planted)  # chat_server is a fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "tasks"
-OPERATORS = store.load()["operators"]
-SEED = 7
 needs_jail = pytest.mark.skipif(jail_problem() is not None, reason=f"no jail here: {jail_problem()}")
-
-
-def _source(index: int) -> str:
-    return render(compose("2", OPERATORS, candidate_seed(SEED, "2", index), "small"))
-
-
-def _planted(source: str, name: str, code: str) -> str:
-    """`code` run first thing in get_init_inputs(), marked with `name`."""
-    body = "".join(f"    {line}\n" for line in code.strip().splitlines())
-    return f"# plant: {name}\n" + source.replace("def get_init_inputs():\n", "def get_init_inputs():\n" + body)
 
 
 class Listener:
@@ -108,8 +95,8 @@ def test_planted_candidates_are_stopped_by_the_jail_and_only_the_run_writes_its_
     sentinel = subprocess.Popen(["sleep", "300"])
     try:
         plants = _plants(out, secret_in_home, listener.port, sentinel.pid)
-        replies = [_planted(_source(i), name, code) for i, (name, code) in enumerate(plants.items())]
-        good = _source(len(replies))
+        replies = [planted(composed_source(i), name, code) for i, (name, code) in enumerate(plants.items())]
+        good = composed_source(len(replies))
         server = chat_server([f"```python\n{source}```" for source in [*replies, good]])
         options = RunOptions(out=out, count=1, config=SynthesisConfig(compile=False), seed=SEED, workers=2,
                              backend="host", eval_dir=EXAMPLES, llm=chat_settings(server.url),
@@ -131,9 +118,9 @@ def test_planted_candidates_are_stopped_by_the_jail_and_only_the_run_writes_its_
     _expect(verdicts, "home", ("load",), "FileNotFoundError")
     _expect(verdicts, "network", ("load",), "ConnectionRefusedError")
     _expect(verdicts, "memory", ("load",), "allocate")
-    _expect(verdicts, "kill", ("load", "worker"))
-    _expect(verdicts, "suicide", ("worker",), "SIGKILL")
-    _expect(verdicts, "forge", ("worker",), "another job")
+    _expect(verdicts, "kill", ("load", "crash"))  # at most its own process and the worker's zygote
+    _expect(verdicts, "suicide", ("crash",), "SIGKILL")
+    _expect(verdicts, "forge", ("crash",), "something other than its checks' outcome")  # the run's pipes: not there
     kept = [e for e in entries if e["status"] == "kept"]
     assert [e["source"] for e in kept] == [good] and kept[0]["evaluator_wall_s"] > 0  # the evaluator ran inside
     assert listener.accepted == 0
@@ -141,13 +128,10 @@ def test_planted_candidates_are_stopped_by_the_jail_and_only_the_run_writes_its_
     lines = journal_path(out).read_text().splitlines()
     assert len(lines) == 1 + len(plants) + 1 and "2:999" not in {json.loads(line).get("key") for line in lines}
     assert secret_in_home.read_text() not in journal_path(out).read_text()
-    assert len(run.pool.start_times) >= 3  # the two killed workers were replaced
+    assert len(run.pool.start_times) >= 3  # the workers of crashed candidates were replaced
     assert write_parquet(entries, out, "host") == 1
 
 
-def _job(key: str, source: str, **extra) -> dict:
-    return {"key": key, "name": f"synth_{key.replace(':', '_')}", "source": source, "expected_shape": None,
-            "shapes": None, "window_ms": [0.0, 1e6], "memory_bytes": 2**30, "evaluator": None, **extra}
 
 
 def _worker_pids() -> list[int]:
@@ -163,6 +147,7 @@ def _worker_pids() -> list[int]:
         parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
         if b"task_synthesis.filter.worker_main" in argv and not any(a.endswith(b"_stage.py") for a in argv):
             found.append(int(entry))
+    found = [pid for pid in found if parents.get(pid) not in found]  # not a worker's zygote or its children
 
     def below_us(pid: int) -> bool:
         while pid > 1:
@@ -195,14 +180,14 @@ def _one_worker(timeout_s: float = 60.0) -> int:
 @needs_jail
 def test_a_killed_or_hung_worker_makes_its_candidate_a_worker_rejection_and_is_replaced():
     """And a worker whose candidate ran past the in-process limit is replaced too (its state may be broken)."""
-    task = _source(0)
+    task = composed_source(0)
     pool = WorkerPool(Launcher("host", True, WorkerLimits(job_timeout_s=15.0)), 1)
     try:
-        assert pool.submit(_job("2:0", task)).result(timeout=300)["status"] == "kept"
-        asleep = _planted(task, "asleep", "import time\ntime.sleep(120)")
-        verdict = pool.submit(_job("2:4", asleep, time_limit_s=1.0)).result(timeout=300)
+        assert pool.submit(filter_job("2:0", task)).result(timeout=300)["status"] == "kept"
+        asleep = planted(task, "asleep", "import time\ntime.sleep(120)")
+        verdict = pool.submit(filter_job("2:4", asleep, time_limit_s=1.0)).result(timeout=300)
         assert verdict["stage"] == "timeout" and len(pool.start_times) == 1  # its worker is replaced when next needed
-        slow = pool.submit(_job("2:1", asleep))
+        slow = pool.submit(filter_job("2:1", asleep))
         deadline = time.monotonic() + 300
         while len(pool.start_times) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -210,12 +195,13 @@ def test_a_killed_or_hung_worker_makes_its_candidate_a_worker_rejection_and_is_r
         os.kill(_one_worker(), signal.SIGKILL)
         verdict = slow.result(timeout=60)
         assert verdict["stage"] == "worker" and verdict["reason"].startswith("the worker was killed by SIGKILL")
-        hang = "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])\nwhile True:\n    pass"
+        hang = ("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n"  # its zygote, which would stop it
+                "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])\nwhile True:\n    pass")
         begin = time.monotonic()
-        verdict = pool.submit(_job("2:2", _planted(task, "hang", hang), time_limit_s=1.0)).result(timeout=300)
+        verdict = pool.submit(filter_job("2:2", planted(task, "hang", hang), time_limit_s=1.0)).result(timeout=300)
         assert (verdict["stage"], verdict["reason"]) == ("worker", "the worker gave no verdict within 15 s")
         assert time.monotonic() - begin < 120
-        assert pool.submit(_job("2:3", task)).result(timeout=300)["status"] == "kept"
+        assert pool.submit(filter_job("2:3", task)).result(timeout=300)["status"] == "kept"
         assert len(pool.start_times) == 4
     finally:
         pool.close()
@@ -228,11 +214,11 @@ def test_workers_that_cannot_start_reject_their_candidates_then_end_the_run(monk
     pool = WorkerPool(Launcher("host", False, WorkerLimits()), 1)
     try:
         for key in ("2:0", "2:1"):
-            verdict = pool.submit(_job(key, _source(0))).result(timeout=60)
+            verdict = pool.submit(filter_job(key, composed_source(0))).result(timeout=60)
             assert verdict == {"status": "rejected", "stage": "worker",
                                "reason": "the worker did not start: the worker exited with status 3 (no torch here)"}
         with pytest.raises(WorkersCannotStart, match="failed to start 3 times in a row; the last: the worker exited"):
-            pool.submit(_job("2:2", _source(0))).result(timeout=60)
+            pool.submit(filter_job("2:2", composed_source(0))).result(timeout=60)
     finally:
         pool.close()
 

@@ -20,7 +20,7 @@ from task_synthesis.filter.screen import screen
 from task_synthesis.pipeline.outputs import write_parquet, write_report
 from task_synthesis.pipeline.run import RunOptions, Synthesis, candidate_seed
 
-from synthesis_helpers import chat_server, chat_settings  # noqa: F401 (chat_server is a fixture)
+from synthesis_helpers import checks_in_this_process, chat_server, chat_settings  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "tasks"
@@ -200,7 +200,7 @@ def test_the_screen_passes_every_programmatic_task_and_names_a_syntax_error():
     assert caught.value.stage == "syntax" and caught.value.reason.startswith("line ")
 
 
-def test_the_worker_ends_a_task_that_runs_too_long_and_checks_the_input_it_was_asked_for():
+def test_the_worker_ends_a_task_that_runs_too_long_and_checks_the_input_it_was_asked_for(checks_in_this_process):
     from task_synthesis.filter.worker import filter_candidate
 
     job = {"key": "2:0", "name": "slow", "expected_shape": None, "shapes": None, "window_ms": (0.0, 1e6),

@@ -26,7 +26,8 @@ from .launch import Launcher, Started
 from .replies import MalformedReply, checked_verdict, worker_rejection
 
 FAILED_STARTS_ALLOWED = 3
-RECYCLED_AFTER = ("timeout", "filter_error")  # stages that may leave the worker in a broken state: a fresh one next
+# stages after which the worker may be broken (its zygote gone, a fault of its own): a fresh one next
+RECYCLED_AFTER = ("timeout", "crash", "filter_error")
 STDERR_TAIL_BYTES = 4096
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 FILTER_STAGES = ("memory", "load", "inputs", "eager", "output", "deterministic", "input_dependent", "window",
-                 "timeout", "evaluator", "compile", "filter_error")
+                 "timeout", "crash", "evaluator", "compile", "filter_error")
 MAX_REASON_CHARS = 1000
 MAX_RANK = 8
 _MEASURES = ("filter_s", "eager_ms", "evaluator_eager_us", "evaluator_compile_us", "evaluator_wall_s")

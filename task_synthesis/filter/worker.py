@@ -1,4 +1,5 @@
-"""One candidate through the whole execution filter, in a filter worker (worker_main.py, usually jailed)."""
+"""One candidate through the whole execution filter, in a filter worker (worker_main.py, usually jailed): its
+in-process checks in a process of their own (zygote.py), then the evaluator's, from the worker itself."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from . import gpu_memory
 
 IN_PROCESS_LIMIT_S = 300.0  # the in-process checks of one candidate (the evaluator's children have their own)
 _warm = False
+_zygote = None
+MEASURED = ("eager_ms", "bytes", "output_shape", "peak_bytes")  # what execution.run_checks measures
 
 
 class TimeLimit(BaseException):
@@ -18,7 +21,7 @@ class TimeLimit(BaseException):
 
 @contextlib.contextmanager
 def time_limit(seconds: float):
-    """SIGALRM after `seconds` raises TimeLimit in this (the worker's main) thread."""
+    """SIGALRM after `seconds` raises TimeLimit in this process's main thread (a candidate's own process)."""
     def expire(signum, frame):
         raise TimeLimit(f"the in-process checks ran past {seconds:g} s")
 
@@ -42,6 +45,7 @@ def start_worker() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     torch.set_num_threads(1)  # workers share the machine: several intra-op pools would oversubscribe it
+    _start_zygote()  # before the evaluator starts threads or touches a GPU in this process
 
     from evaluator_cuda.evaluation import keep_children_warm
 
@@ -49,15 +53,50 @@ def start_worker() -> None:
     _warm = True
 
 
-def _checks(job: dict, device: str) -> dict:
-    """The in-process checks, then (their GPU memory released) the evaluator's; what was measured."""
-    from .evaluator_stage import check_with_evaluator
-    from .execution import run_checks
+def _start_zygote() -> None:
+    """The zygote, forked with what the checks import already imported (its children start from it)."""
+    global _zygote
+    from evaluator_cuda import tasks  # noqa: F401  (exec_task, for the children)
 
-    with time_limit(job.get("time_limit_s") or IN_PROCESS_LIMIT_S):
-        measured = run_checks(job["name"], job["source"], job.get("expected_shape"), job.get("shapes"),
-                              job["window_ms"], job["memory_bytes"], job.get("input_shapes"), device)
-    gpu_memory.release(device)  # the evaluator's children allocate on the same GPU
+    from . import execution  # noqa: F401
+    from .zygote import Zygote
+
+    _zygote = Zygote()
+
+
+def _in_process(job: dict) -> dict:
+    """What the candidate's own process measured; Rejected as it or the zygote said (a dead zygote: `crash`,
+    and the pool replaces this worker)."""
+    from .execution import Rejected
+    from .zygote import ZygoteLost
+
+    if _zygote is None:
+        raise RuntimeError("no zygote: start_worker() starts it")
+    try:
+        outcome = _zygote.outcome(job, float(job.get("time_limit_s") or IN_PROCESS_LIMIT_S))
+    except ZygoteLost as exc:
+        raise Rejected("crash", f"the candidate's process took the worker's zygote with it ({exc})") from None
+    rejected = outcome.get("rejected")
+    if isinstance(rejected, dict):
+        stage, reason, measured = rejected.get("stage"), rejected.get("reason"), rejected.get("measured")
+        if isinstance(stage, str) and isinstance(reason, str) and isinstance(measured, dict):
+            raise Rejected(stage, reason, _known(measured))
+    elif isinstance(outcome.get("measured"), dict):
+        return _known(outcome["measured"])
+    raise Rejected("crash", "the candidate's process answered with something other than its checks' outcome")
+
+
+def _known(measured: dict) -> dict:
+    """Only what the checks measure (the run checks the values): nothing else of the child's reaches the verdict."""
+    return {k: v for k, v in measured.items() if k in MEASURED}
+
+
+def _checks(job: dict) -> dict:
+    """The in-process checks in the candidate's own process, then the evaluator's; what was measured."""
+    from .evaluator_stage import check_with_evaluator
+
+    measured = _in_process(job)
+    gpu_memory.release(job.get("device", "cpu"))  # what this process holds, before the evaluator's children start
     if job.get("evaluator"):
         measured.update(check_with_evaluator(job["name"], job["source"], job["evaluator"]))
     return measured
@@ -68,19 +107,17 @@ def filter_candidate(job: dict) -> dict:
     optionally input_shapes, time_limit_s and device (where the in-process forwards run: "cpu" or "cuda").
     Returns the job's key with `status` kept/rejected, the stage and reason, and what was measured; or status
     `retry` at stage `gpu_memory` when the GPU ran out of memory (shared by the run's workers: not the task's
-    fault). The GPU memory of the in-process checks is released on every way out."""
+    fault). The in-process checks' memory goes with their process; the evaluator's is released on every way out."""
     from .execution import Rejected
 
     begin = time.perf_counter()
     device = job.get("device", "cpu")
     result = {"key": job["key"], "status": "kept", "stage": None, "reason": None}
     try:
-        result.update(_checks(job, device))
+        result.update(_checks(job))
     except Rejected as exc:
         status = "retry" if exc.stage == "gpu_memory" else "rejected"
         result.update(exc.measured, status=status, stage=exc.stage, reason=exc.reason)
-    except TimeLimit as exc:
-        result.update(status="rejected", stage="timeout", reason=str(exc))
     except Exception as exc:  # a bug in the filter itself (counted apart from the task's faults), or out of memory
         reason = f"{type(exc).__name__}: {exc}"[:200]
         if gpu_memory.out_of_memory(exc):

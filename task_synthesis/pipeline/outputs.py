@@ -15,8 +15,8 @@ from collections import Counter
 from pathlib import Path
 
 STAGES = ("compose", "reply", "syntax", "screen", "decontaminate", "duplicate", "memory", "load", "inputs", "eager",
-          "output", "deterministic", "input_dependent", "window", "timeout", "evaluator", "compile", "gpu_memory",
-          "worker", "filter_error")
+          "output", "deterministic", "input_dependent", "window", "timeout", "crash", "evaluator", "compile",
+          "gpu_memory", "worker", "filter_error")
 
 
 def kept_entries(entries: list[dict]) -> list[dict]:
