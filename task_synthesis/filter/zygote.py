@@ -15,6 +15,7 @@ worker. Standard library only here; the child imports what the checks need from 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
 import socket
@@ -35,12 +36,13 @@ class Zygote:
 
     def __init__(self):
         ours, theirs = socket.socketpair()
+        worker = os.getpid()
         pid = os.fork()
         if pid == 0:  # the zygote
             code = 0
             try:
                 ours.close()
-                _serve(theirs.detach())
+                _serve(theirs.detach(), worker)
             except BaseException:
                 code = 1
             finally:
@@ -65,9 +67,8 @@ class Zygote:
             pass
 
 
-def _die_with_parent() -> None:
-    """SIGKILL when the parent exits (Linux), and at once if it already has."""
-    parent = os.getppid()
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL when the parent exits (Linux); exit at once if `parent` (its pid before the fork) already has."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
@@ -87,12 +88,16 @@ def _only_our_fds(keep: int) -> None:
     os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
 
 
-def _serve(fd: int) -> None:
+def _serve(fd: int, worker: int) -> None:
     """The zygote's loop: a job in, its child's outcome out, until the worker closes the socket."""
-    _die_with_parent()
+    _die_with_parent(worker)
     _only_our_fds(fd)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM):
         signal.signal(signum, signal.SIG_DFL)
+    # The worker's objects stay as they are: none is collected here (one that owned an fd closed above
+    # would close whatever now has its number), and the children's copies of them are not written to.
+    gc.disable()
+    gc.freeze()
     while True:
         try:
             request = wire.receive(fd)
@@ -103,12 +108,14 @@ def _serve(fd: int) -> None:
 
 def _one_child(job: dict, limit_s: float, server_fd: int) -> dict:
     read_end, write_end = os.pipe()
+    zygote = os.getpid()
     pid = os.fork()
     if pid == 0:  # the candidate's process
         os.close(read_end)
         os.close(server_fd)
         os.setpgid(0, 0)
-        _die_with_parent()
+        _die_with_parent(zygote)
+        gc.enable()  # for the candidate's own objects; the worker's stay frozen
         code = 0
         try:
             wire.send(write_end, _checks(job, limit_s))
