@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from cuda_agent.cli import app
 from task_synthesis.config import SynthesisConfig
-from task_synthesis.filter.launch import Launcher, WorkerLimits, jail_problem
+from cuda_agent.jail import cgroup
+from task_synthesis.filter.launch import GiB, Launcher, WorkerLimits, jail_problem
 from task_synthesis.filter.pool import WorkerPool, WorkersCannotStart
 from task_synthesis.filter.replies import MalformedReply, checked_verdict
 from task_synthesis.pipeline.journal import journal_path
@@ -203,6 +204,29 @@ def test_a_killed_or_hung_worker_makes_its_candidate_a_worker_rejection_and_is_r
         assert time.monotonic() - begin < 120
         assert pool.submit(filter_job("2:3", task)).result(timeout=300)["status"] == "kept"
         assert len(pool.start_times) == 4
+    finally:
+        pool.close()
+    _no_worker_left()
+
+
+@needs_jail
+def test_a_worker_s_memory_group_holds_it_where_the_address_space_is_not_limited():
+    """As on cuda (no RLIMIT_AS): a task that fills 4 GiB in a worker held to 2 GiB is killed by the kernel
+    inside the worker's group, a `crash` that says so, and the next candidate gets a fresh worker."""
+    try:
+        cgroup.create_cgroup(GiB, 16).remove()
+    except cgroup.CgroupUnavailable as exc:
+        pytest.skip(f"no memory cgroup here: {exc}")
+    pool = WorkerPool(Launcher("host", True, WorkerLimits(memory_bytes=None, group_memory_bytes=2 * GiB)), 1)
+    try:
+        task = composed_source(3)
+        hog = planted(task, "hog", "import torch\nhoard = torch.ones(2 ** 30)")  # 4 GiB, every page written
+        verdict = pool.submit(filter_job("2:0", hog)).result(timeout=300)
+        assert verdict["stage"] == "crash", verdict
+        assert verdict["reason"].startswith("the candidate's process was killed by SIGKILL")
+        assert verdict["reason"].endswith("(at the worker's memory limit of 2 GiB)")
+        assert pool.submit(filter_job("2:1", task)).result(timeout=300)["status"] == "kept"
+        assert len(pool.start_times) == 2
     finally:
         pool.close()
     _no_worker_left()

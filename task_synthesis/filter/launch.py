@@ -2,10 +2,12 @@
 jail is off.
 
 A jailed worker gets a uid of its own, its own mount, pid, network, IPC and UTS namespaces, no
-capabilities, seccomp, a fixed environment and rlimits (address space, processes, file size, open
-files). It sees the system folders, the Python installation and the packages it runs (task_synthesis,
-evaluator_cuda, cuda_agent), all read-only, and a private /tmp (a tmpfs of `scratch_bytes`) that holds
-the evaluator's workspaces and caches: never the user's home or caches, never the run's output folder.
+capabilities, seccomp, a fixed environment, rlimits (address space, processes, file size, open files)
+and, where one can be made, a memory and pids cgroup for the whole worker (a bound on cuda too, where
+the address space cannot be limited). It sees the system folders, the Python installation and the
+packages it runs (task_synthesis, evaluator_cuda, cuda_agent), all read-only, and a private /tmp (a
+tmpfs of `scratch_bytes`) that holds the evaluator's workspaces and caches: never the user's home or
+caches, never the run's output folder.
 The jail cannot be nested, so the evaluator inside runs its children without its own jail; the
 worker's jail holds them too (same uid, namespaces and limits). On the cuda backend the GPU device
 nodes and the driver's libraries are shown as the evaluator shows them to its own jailed children.
@@ -20,7 +22,7 @@ import sys
 from pathlib import Path
 
 import cuda_agent.jail as jail
-from cuda_agent.jail import uids
+from cuda_agent.jail import cgroup, uids
 from evaluator_cuda.isolation.sandbox import HARNESS_PACKAGES, JAIL_ENV_FIXED, JAIL_ENV_KEEP
 from evaluator_cuda.settings import CHILD_FILE_SIZE_BYTES
 
@@ -35,9 +37,12 @@ WORKER_ARGV = ("-m", "task_synthesis.filter.worker_main")
 class WorkerLimits:
     """Limits of one worker and everything it starts. `memory_bytes` is RLIMIT_AS of each of those
     processes (None: no limit; the default on cuda, where the driver reserves far more address space
-    than it uses, as the evaluator does for its own children)."""
+    than it uses, as the evaluator does for its own children). `group_memory_bytes` bounds what a jailed
+    worker uses in all (its processes' memory, its /tmp, the page cache it fills) in a cgroup, on both
+    backends; the kernel kills inside the group at the limit (None: no group)."""
 
     memory_bytes: int | None = 8 * GiB
+    group_memory_bytes: int | None = 16 * GiB
     scratch_bytes: int = 2 * GiB
     processes: int = 4096
     open_files: int = 4096
@@ -80,7 +85,7 @@ def _environment() -> dict[str, str]:
             "CUDA_AGENT_CACHE": f"{SCRATCH}/cuda-agent-cache"}
 
 
-def worker_spec(backend: str, limits: WorkerLimits, uid: int) -> jail.JailSpec:
+def worker_spec(backend: str, limits: WorkerLimits, uid: int, group: cgroup.JailCgroup | None = None) -> jail.JailSpec:
     gpu = backend == "cuda"
     packages = {str(p) for p in (*HARNESS_PACKAGES, PACKAGE)}
     binds = (*jail.python_binds(), *(jail.Bind(p) for p in sorted(packages)),
@@ -91,13 +96,21 @@ def worker_spec(backend: str, limits: WorkerLimits, uid: int) -> jail.JailSpec:
     return jail.JailSpec(binds=binds, uid=uid, cwd=SCRATCH, env=_environment(), limits=rlimits,
                          path=os.path.dirname(sys.executable) + ":" + jail.DEFAULT_PATH,
                          devices=jail.gpu_devices() if gpu else (), tmp_bytes=limits.scratch_bytes,
-                         shm_bytes=256 * 1024**2, die_with_parent=True, require=True)
+                         shm_bytes=256 * 1024**2, die_with_parent=True, require=True,
+                         cgroup_procs=group.procs_files if group else ())
 
 
 @dataclasses.dataclass
 class Started:
     process: subprocess.Popen
     uid: int | None  # the jail's claimed uid, released when the worker is gone
+    group: cgroup.JailCgroup | None = None  # the jailed worker's memory and pids group, removed with it
+
+    def memory_note(self, oom_kills_before: int) -> str:
+        """What to add to a verdict when the kernel killed in the worker's group since `oom_kills_before`."""
+        if self.group is None or self.group.oom_kills() <= oom_kills_before:
+            return ""
+        return f" (at the worker's memory limit of {self.group.memory_bytes / GiB:g} GiB)"
 
 
 class Launcher:
@@ -109,25 +122,38 @@ class Launcher:
     def start(self) -> Started:
         """A new worker (call from the thread that outlives it: the jail dies with its starting thread)."""
         uid = uids.claim_uid(self.limits.uid_base) if self.jailed and jail.probe()["root"] else None
+        group = None
         try:
-            argv, env = self._command(uid)
+            group = self._group(uid)
+            argv, env = self._command(uid, group)
             process = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, start_new_session=True)
         except BaseException:
-            self.release(uid)
+            self.release(Started(None, uid, group))
             raise
-        return Started(process, uid)
+        return Started(process, uid, group)
 
-    def _command(self, uid: int | None) -> tuple[list[str], dict[str, str]]:
+    def _group(self, uid: int | None) -> cgroup.JailCgroup | None:
+        """The worker's memory group: jailed as root with a limit set, where the machine can make one."""
+        if uid is None or not self.limits.group_memory_bytes:
+            return None
+        try:
+            return cgroup.create_cgroup(self.limits.group_memory_bytes, self.limits.processes)
+        except cgroup.CgroupUnavailable:
+            return None
+
+    def _command(self, uid: int | None, group: cgroup.JailCgroup | None) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, *WORKER_ARGV]
         if not self.jailed:
             python_path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
             return argv, {**os.environ, "PYTHONPATH": python_path}
-        command = jail.jail_command(worker_spec(self.backend, self.limits, uid or jail.NOBODY), argv)
+        command = jail.jail_command(worker_spec(self.backend, self.limits, uid or jail.NOBODY, group), argv)
         return command.argv, command.env
 
     @staticmethod
-    def release(uid: int | None) -> None:
-        """Kill whatever still runs as the worker's uid and free the uid."""
-        if uid is not None:
-            uids.release_uid(uid)
+    def release(started: Started) -> None:
+        """Kill whatever is left in the worker's group and runs as its uid; remove the group, free the uid."""
+        if started.group is not None:
+            started.group.remove()
+        if started.uid is not None:
+            uids.release_uid(started.uid)

@@ -54,7 +54,7 @@ class Worker:
     """One started worker: its pipes, and the end of what it wrote on stderr (read by a thread, bounded)."""
 
     def __init__(self, started: Started):
-        self.process, self.uid = started.process, started.uid
+        self.started, self.process = started, started.process
         self._tail: collections.deque = collections.deque(maxlen=STDERR_TAIL_BYTES)
         self._drain = threading.Thread(target=self._read_stderr, daemon=True)
         self._drain.start()
@@ -102,7 +102,7 @@ class Worker:
         self.process.wait()
         self._drain.join(timeout=5.0)
         self.process.stderr.close()
-        launcher.release(self.uid)
+        launcher.release(self.started)
 
 
 class WorkerPool:
@@ -239,10 +239,12 @@ class _Slot(threading.Thread):
 
     def _filter(self, job: dict) -> dict:
         worker, timeout = self.worker, self.pool.launcher.limits.job_timeout_s
+        kills = worker.started.group.oom_kills() if worker.started.group else 0
         try:
             wire.send(worker.process.stdin.fileno(), job)
             verdict = checked_verdict(wire.receive(worker.process.stdout.fileno(), time.monotonic() + timeout), job)
             if verdict["stage"] in RECYCLED_AFTER:
+                verdict["reason"] += worker.started.memory_note(kills)
                 self._retire(grace_s=5.0)
             return verdict
         except wire.WireTimeout:
@@ -250,7 +252,7 @@ class _Slot(threading.Thread):
             self._retire(grace_s=0.0)
             return worker_rejection(reason)
         except (wire.WireError, MalformedReply, OSError, ValueError) as exc:
-            reason = worker.why(exc)
+            reason = worker.why(exc) + worker.started.memory_note(kills)
             self._retire(grace_s=0.0)
             return worker_rejection(reason)
 
