@@ -209,6 +209,32 @@ def test_a_killed_or_hung_worker_makes_its_candidate_a_worker_rejection_and_is_r
     _no_worker_left()
 
 
+REACH = """import os
+zygote = os.getppid()
+worker = int(open(f'/proc/{zygote}/stat').read().rsplit(')', 1)[1].split()[1])
+reached = []
+for pid in (zygote, worker):
+    for what in ('fd', 'mem'):
+        try:
+            os.listdir(f'/proc/{pid}/fd') if what == 'fd' else open(f'/proc/{pid}/mem', 'r+b').close()
+            reached.append(f'{pid}/{what}')
+        except PermissionError:
+            pass
+raise RuntimeError(f'reached {reached} from {os.getpid()}, zygote {zygote}, worker {worker}')"""
+
+
+@needs_jail
+def test_a_candidate_s_process_cannot_reach_its_worker_or_zygote_through_proc():
+    """They share the jail's uid: the worker's pipes to the run (under /proc/PID/fd) and its memory
+    (/proc/PID/mem) are closed to the candidate because the worker and the zygote are not dumpable."""
+    pool = WorkerPool(Launcher("host", True, WorkerLimits()), 1)
+    try:
+        verdict = pool.submit(filter_job("2:0", planted(composed_source(4), "reach", REACH))).result(timeout=300)
+    finally:
+        pool.close()
+    assert verdict["stage"] == "load" and verdict["reason"].startswith("RuntimeError: reached [] from "), verdict
+
+
 @needs_jail
 def test_a_worker_s_memory_group_holds_it_where_the_address_space_is_not_limited():
     """As on cuda (no RLIMIT_AS): a task that fills 4 GiB in a worker held to 2 GiB is killed by the kernel

@@ -45,6 +45,9 @@ def start_worker() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     torch.set_num_threads(1)  # workers share the machine: several intra-op pools would oversubscribe it
+    from .zygote import not_dumpable
+
+    not_dumpable()  # the candidates' processes share the worker's uid: no reaching into it through /proc
     _start_zygote()  # before the evaluator starts threads or touches a GPU in this process
 
     from evaluator_cuda.evaluation import keep_children_warm

@@ -5,7 +5,8 @@ runs on a GPU or starts a thread. For each candidate the zygote forks a child th
 checks (execution.run_checks), sends back what it measured or why it rejected, and exits. Whatever
 the task's code changes in its process (torch's defaults, patched functions, imported modules, signal
 handlers, leaked threads) dies with it: the next candidate starts again from the zygote, which never
-runs task code. The child sees none of the worker's pipes: only its own pipe to the zygote.
+runs task code. The child holds none of the worker's pipes, only its own pipe to the zygote, and
+cannot open theirs or reach their memory through /proc: the worker and the zygote are not dumpable.
 
 The zygote stops a child that outlives the checks' limit by GRACE_S (SIGKILL to its process group: a
 `timeout`) and reports one that dies or answers with something else (a `crash`). It dies with its
@@ -25,6 +26,7 @@ from . import wire
 
 GRACE_S = 5.0  # beyond the checks' own limit (their alarm) before the zygote kills the child
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 
 
 class ZygoteLost(Exception):
@@ -59,12 +61,14 @@ class Zygote:
         except (wire.WireError, OSError) as exc:
             raise ZygoteLost(f"the worker's zygote is gone ({exc})") from None
 
-    def close(self) -> None:
-        self.sock.close()
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+
+
+def not_dumpable() -> None:
+    """This process's memory and open files are out of reach through /proc (`mem`, `fd/`) for other
+    processes of its uid, the candidates' among them: that access needs the process dumpable. Forked
+    processes inherit it (a candidate's process may make itself dumpable again, which opens only itself)."""
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
 def _die_with_parent(parent: int) -> None:
