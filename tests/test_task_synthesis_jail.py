@@ -135,29 +135,40 @@ def test_planted_candidates_are_stopped_by_the_jail_and_only_the_run_writes_its_
 
 
 
-def _worker_pids() -> list[int]:
-    """The filter workers started by this process (inside their jails), not the jails' stages, and not
-    the workers of tests running beside this one."""
-    parents, found = {}, []
+def _parents() -> dict[int, int]:
+    parents = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError):
+            parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-        if b"task_synthesis.filter.worker_main" in argv and not any(a.endswith(b"_stage.py") for a in argv):
-            found.append(int(entry))
-    found = [pid for pid in found if parents.get(pid) not in found]  # not a worker's zygote or its children
+    return parents
 
-    def below_us(pid: int) -> bool:
-        while pid > 1:
-            pid = parents.get(pid, 0)
-            if pid == os.getpid():
-                return True
-        return False
 
-    return [pid for pid in found if below_us(pid)]
+def _worker_processes() -> tuple[list[int], dict[int, int]]:
+    """Every process below this one (not the workers of tests running beside it) that runs a worker's
+    command line, not the jails' stages: workers, their zygotes and what those forked; and the parents."""
+    parents, found = _parents(), []
+    for pid in parents:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"task_synthesis.filter.worker_main" not in argv or any(a.endswith(b"_stage.py") for a in argv):
+            continue
+        up = pid
+        while up in parents and up > 1:
+            up = parents[up]
+            if up == os.getpid():
+                found.append(pid)
+                break
+    return found, parents
+
+
+def _worker_pids() -> list[int]:
+    """The filter workers started by this process (inside their jails), not their zygotes or forks."""
+    found, parents = _worker_processes()
+    return [pid for pid in found if parents.get(pid) not in found]
 
 
 def _no_worker_left(timeout_s: float = 30.0) -> None:
@@ -233,6 +244,40 @@ def test_a_candidate_s_process_cannot_reach_its_worker_or_zygote_through_proc():
     finally:
         pool.close()
     assert verdict["stage"] == "load" and verdict["reason"].startswith("RuntimeError: reached [] from "), verdict
+
+
+DAEMON = """import os, time
+if os.fork() == 0:
+    os.setsid()  # out of its process group, which the zygote kills
+    if os.fork() == 0:
+        time.sleep(600)  # handed to the jail's init, a worker_main by its command line
+    os._exit(0)"""
+
+
+@needs_jail
+def test_what_a_candidate_leaves_running_is_killed_before_the_next_one_starts():
+    """A daemon that left its process group outlives its candidate's process; the worker kills it (and any
+    process in its jail that is neither it nor the evaluator's) before the next candidate's checks."""
+    def count() -> int:
+        return len(_worker_processes()[0])
+
+    def wait_for(done) -> None:
+        deadline = time.monotonic() + 30
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    pool = WorkerPool(Launcher("host", True, WorkerLimits()), 1)
+    try:
+        task = composed_source(5)
+        assert pool.submit(filter_job("2:0", planted(task, "daemon", DAEMON))).result(timeout=300)["status"] == "kept"
+        wait_for(lambda: count() >= 3)
+        assert count() == 3, _worker_processes()  # the worker, its zygote and the daemon
+        assert pool.submit(filter_job("2:1", task)).result(timeout=300)["status"] == "kept"
+        wait_for(lambda: count() <= 2)
+        assert count() == 2 and len(pool.start_times) == 1
+    finally:
+        pool.close()
+    _no_worker_left()
 
 
 @needs_jail

@@ -31,6 +31,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 ROOT = str(PACKAGE.parent)
 SCRATCH = "/tmp"  # the jail's private tmpfs
 WORKER_ARGV = ("-m", "task_synthesis.filter.worker_main")
+JAILED_ENV = "CUDA_AGENT_SYNTHESIS_JAILED"  # set for a jailed worker: alone with its own in a pid namespace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +83,7 @@ def _environment() -> dict[str, str]:
     kept = {k: v for k, v in os.environ.items() if k in JAIL_ENV_KEEP}
     python_path = ROOT if ROOT == JAIL_ENV_FIXED["PYTHONPATH"] else f"{ROOT}:{JAIL_ENV_FIXED['PYTHONPATH']}"
     return {**kept, **JAIL_ENV_FIXED, "PYTHONPATH": python_path, "PYTHONDONTWRITEBYTECODE": "1",
-            "CUDA_AGENT_CACHE": f"{SCRATCH}/cuda-agent-cache"}
+            "CUDA_AGENT_CACHE": f"{SCRATCH}/cuda-agent-cache", JAILED_ENV: "1"}
 
 
 def worker_spec(backend: str, limits: WorkerLimits, uid: int, group: cgroup.JailCgroup | None = None) -> jail.JailSpec:
