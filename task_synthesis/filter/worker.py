@@ -4,6 +4,7 @@ in-process checks in a process of their own (zygote.py), then the evaluator's, f
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 
@@ -89,42 +90,14 @@ def _in_process(job: dict) -> dict:
     raise Rejected("crash", "the candidate's process answered with something other than its checks' outcome")
 
 
-def sweep_leftovers() -> list[int]:
-    """In a jailed worker, alone in its pid namespace with what it started: SIGKILL every process that is
-    not the jail's init, this worker or one of its descendants outside the zygote's subtree (the
-    evaluator's children): what an earlier candidate left running (a daemon that left its process group
-    and was handed to init, a child of the zygote's child). Elsewhere nothing. Returns the pids killed."""
-    import os
-
+def _sweep() -> None:
+    """In a jailed worker (alone in its pid namespace with what it started): kill what earlier candidates
+    left running (zygote.kill_leftovers). Elsewhere the namespace is the machine's: nothing."""
     from .launch import JAILED_ENV
+    from .zygote import kill_leftovers
 
-    if os.environ.get(JAILED_ENV) != "1" or _zygote is None:
-        return []
-    parents = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                parents[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    me, zygote = os.getpid(), _zygote.pid
-
-    def spared(pid: int) -> bool:
-        if pid in (1, me, zygote):
-            return True
-        while pid in parents and pid > 1:
-            pid = parents[pid]
-            if pid in (me, zygote):
-                return pid == me
-        return False
-
-    victims = [pid for pid in parents if not spared(pid)]
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    return victims
+    if os.environ.get(JAILED_ENV) == "1" and _zygote is not None:
+        kill_leftovers(_zygote.pid)
 
 
 def _known(measured: dict) -> dict:
@@ -155,7 +128,7 @@ def filter_candidate(job: dict) -> dict:
     device = job.get("device", "cpu")
     result = {"key": job["key"], "status": "kept", "stage": None, "reason": None}
     try:
-        sweep_leftovers()  # nothing of an earlier candidate runs beside this one
+        _sweep()  # nothing of an earlier candidate runs beside this one
         result.update(_checks(job))
     except Rejected as exc:
         status = "retry" if exc.stage == "gpu_memory" else "rejected"

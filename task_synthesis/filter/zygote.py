@@ -10,7 +10,9 @@ cannot open theirs or reach their memory through /proc: the worker and the zygot
 
 The zygote stops a child that outlives the checks' limit by GRACE_S (SIGKILL to its process group: a
 `timeout`) and reports one that dies or answers with something else (a `crash`). It dies with its
-worker. Standard library only here; the child imports what the checks need from the zygote's memory.
+worker. In its jail a worker also kills, before each candidate, whatever earlier ones left running
+(kill_leftovers). Standard library only here; the child imports what the checks need from the
+zygote's memory.
 """
 
 from __future__ import annotations
@@ -169,6 +171,38 @@ def _checks(job: dict, limit_s: float) -> dict:
     except Exception as exc:  # out of memory, or a fault of the checks themselves
         reason = f"{type(exc).__name__}: {exc}"[:200]
         return _rejected("gpu_memory" if gpu_memory.out_of_memory(exc) else "filter_error", reason)
+
+
+def kill_leftovers(zygote: int) -> list[int]:
+    """Called by a worker alone in its pid namespace with what it started (its jail): SIGKILL every process
+    that is neither the namespace's init, the worker nor one of its descendants outside the zygote's subtree
+    (the evaluator's children): what an earlier candidate left running (a daemon that left its process group
+    and was handed to init, a child of the zygote's child). Returns the pids killed."""
+    parents = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parents[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    worker = os.getpid()
+
+    def spared(pid: int) -> bool:
+        if pid in (1, worker, zygote):
+            return True
+        while pid in parents and pid > 1:
+            pid = parents[pid]
+            if pid in (worker, zygote):
+                return pid == worker
+        return False
+
+    victims = [pid for pid in parents if not spared(pid)]
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return victims
 
 
 def _rejected(stage: str, reason: str) -> dict:
