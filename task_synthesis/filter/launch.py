@@ -107,9 +107,13 @@ class Started:
     uid: int | None  # the jail's claimed uid, released when the worker is gone
     group: cgroup.JailCgroup | None = None  # the jailed worker's memory and pids group, removed with it
 
+    def oom_kills(self) -> int:
+        """How many processes the kernel killed in the worker's group for want of memory (0: no group)."""
+        return self.group.oom_kills() if self.group else 0
+
     def memory_note(self, oom_kills_before: int) -> str:
         """What to add to a verdict when the kernel killed in the worker's group since `oom_kills_before`."""
-        if self.group is None or self.group.oom_kills() <= oom_kills_before:
+        if self.oom_kills() <= oom_kills_before:
             return ""
         return f" (at the worker's memory limit of {self.group.memory_bytes / GiB:g} GiB)"
 

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from . import wire
 from .launch import Launcher, Started
 from .replies import MalformedReply, checked_verdict, worker_rejection
+from .zygote import describe_exit
 
 FAILED_STARTS_ALLOWED = 3
 # stages after which the worker may be broken (its zygote gone, a fault of its own): a fresh one next
@@ -37,17 +38,6 @@ class WorkersCannotStart(RuntimeError):
 
 class WorkerStartFailed(Exception):
     pass
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "was still running"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 class Worker:
@@ -239,7 +229,7 @@ class _Slot(threading.Thread):
 
     def _filter(self, job: dict) -> dict:
         worker, timeout = self.worker, self.pool.launcher.limits.job_timeout_s
-        kills = worker.started.group.oom_kills() if worker.started.group else 0
+        kills = worker.started.oom_kills()
         try:
             wire.send(worker.process.stdin.fileno(), job)
             verdict = checked_verdict(wire.receive(worker.process.stdout.fileno(), time.monotonic() + timeout), job)

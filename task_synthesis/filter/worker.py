@@ -3,7 +3,6 @@ in-process checks in a process of their own (zygote.py), then the evaluator's, f
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
@@ -11,33 +10,12 @@ import time
 from . import gpu_memory
 
 IN_PROCESS_LIMIT_S = 300.0  # the in-process checks of one candidate (the evaluator's children have their own)
-_warm = False
 _zygote = None
 MEASURED = ("eager_ms", "bytes", "output_shape", "peak_bytes")  # what execution.run_checks measures
 
 
-class TimeLimit(BaseException):
-    """The in-process checks ran past their limit (a BaseException: the task's code cannot catch it as an Exception)."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    """SIGALRM after `seconds` raises TimeLimit in this process's main thread (a candidate's own process)."""
-    def expire(signum, frame):
-        raise TimeLimit(f"the in-process checks ran past {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def start_worker() -> None:
     """Once per worker: torch imported, the evaluator's children kept warm between candidates."""
-    global _warm
     import sys
 
     import torch
@@ -54,7 +32,6 @@ def start_worker() -> None:
     from evaluator_cuda.evaluation import keep_children_warm
 
     keep_children_warm(True)
-    _warm = True
 
 
 def _start_zygote() -> None:

@@ -17,6 +17,7 @@ zygote's memory.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -29,6 +30,25 @@ from . import wire
 GRACE_S = 5.0  # beyond the checks' own limit (their alarm) before the zygote kills the child
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
+
+
+class TimeLimit(BaseException):
+    """The in-process checks ran past their limit (a BaseException: the task's code cannot catch it as an Exception)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """SIGALRM after `seconds` raises TimeLimit in this process's main thread (the candidate's)."""
+    def expire(signum, frame):
+        raise TimeLimit(f"the in-process checks ran past {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class ZygoteLost(Exception):
@@ -148,7 +168,8 @@ def _one_child(job: dict, limit_s: float, server_fd: int) -> dict:
     _kill_group(pid)  # whatever the child left running
     _, status = os.waitpid(pid, 0)
     if "pending" in outcome:
-        outcome = _crash(f"{_describe(status)} before its checks' outcome ({outcome['pending']})")
+        how = describe_exit(os.waitstatus_to_exitcode(status))
+        outcome = _crash(f"{how} before its checks' outcome ({outcome['pending']})")
     return outcome
 
 
@@ -156,7 +177,6 @@ def _checks(job: dict, limit_s: float) -> dict:
     """In the candidate's process: the in-process checks under the worker's alarm."""
     from . import gpu_memory
     from .execution import Rejected, run_checks
-    from .worker import TimeLimit, time_limit
 
     try:
         with time_limit(limit_s):
@@ -220,10 +240,13 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _describe(status: int) -> str:
-    if os.WIFSIGNALED(status):
+def describe_exit(code: int | None) -> str:
+    """How a process ended, from its return code (negative: the signal): "was killed by SIGKILL", ..."""
+    if code is None:
+        return "was still running"
+    if code < 0:
         try:
-            return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
+            return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
-            return f"was killed by signal {os.WTERMSIG(status)}"
-    return f"exited with status {os.waitstatus_to_exitcode(status)}"
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
