@@ -629,6 +629,8 @@ def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dic
         else:
             cache.put(key, baselines)
         record["wall_s"]["baselines"] = round(time.perf_counter() - begin, 4)
+        if baselines.get("compile_first_call_s") is not None:  # torch.compile's work, within the baselines
+            record["wall_s"]["compile_first_call"] = round(baselines["compile_first_call_s"], 4)
         eager_now = baselines.get("eager")
     return baselines, eager_now
 
@@ -637,7 +639,8 @@ def _measure_baselines(reference: Child, settings: EvalSettings, protocol: dict)
     if settings.device_type() == "cpu":  # one request per call, as the candidate's calls come
         measured = host_baselines(reference, settings, timing_se_bound(settings))
     else:
-        request = {"cmd": "baselines", "compile_mode": settings.compile_mode, **protocol,
+        request = {"cmd": "baselines", "compile_mode": settings.compile_mode,
+                   "compile_threads": settings.compile_threads, **protocol,
                    "se_bound": timing_se_bound(settings), "budget_s": settings.baseline_budget_s}
         measured = reply(reference, request, settings.child_timeout_s, harness=True)
         if not measured.get("ok"):

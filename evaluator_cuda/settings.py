@@ -71,6 +71,9 @@ class EvalSettings:
     repeats: int = 30  # timed calls per measurement (paper 10, KernelBench 100)
     l2_flush_bytes: int = KERNELBENCH_L2_FLUSH_BYTES  # zeroed before every call; host: twice the CPU's last cache
     compile_mode: str = "default"  # torch.compile mode of the compile baseline (paper: default)
+    # Inductor's compile workers in the reference child. 1: its kernels are compiled in that process;
+    # 0: torch's default, a pool of one process per CPU (up to 32) started anew by every evaluation.
+    compile_threads: int = 1
     profile: bool = True  # time the candidate and the baselines (False: verdict only, reward None)
     block_torch: bool = True  # refuse torch compute outside the extension while the candidate runs
     compile_timeout_s: float = 300.0

@@ -12,6 +12,8 @@
   trace      on a GPU: chosen examples with the kernel trace on and off: the self-check's eager/ours
              ratio (cold and cached baselines), the honest solution's median (the trace's overhead),
              the cached evaluation's verification split. Exits 2 without a GPU.
+  compile-pool  on a GPU (or --backend host): each example's self-check cold with inductor's pool of compile
+             workers and without, one at a time and all at once: compile time, baselines, evaluation wall time.
   split      on a GPU (or --backend host): each example's honest solution cold, then cached with the outputs
              judged on the GPU and on the CPU: total wall time, the verification split, the calls' split.
 
@@ -34,6 +36,8 @@ SUBCOMMANDS = {  # name: (module, one line for the list)
                        "do_bench agreement"),
     "compile": ("compile", "one candidate's compile time: load_inline, load and the fast build side by side"),
     "trace": ("trace", "the kernel trace on and off: self-check ratio, the trace's overhead, the verify split"),
+    "compile-pool": ("compile_pool", "inductor's compile workers in the reference child, a pool or none, "
+                                     "one at a time and all at once"),
     "split": ("split", "one evaluation's wall time split, outputs judged on the GPU and on the CPU side by side"),
 }
 

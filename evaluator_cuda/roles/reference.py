@@ -191,9 +191,8 @@ class ReferenceRole:
         """torch.compile of the task's model, called once (the per-call host baselines time it next)."""
         import torch
 
-        mode = req.get("compile_mode") or "default"
         try:
-            self.compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
+            self.compiled = _compiled(self.model, req)
             begin = time.perf_counter()
             with torch.no_grad():
                 self.compiled(*self.timing_inputs)
@@ -239,9 +238,8 @@ class ReferenceRole:
         result = {"eager": eager, "compile": None, "compile_error": None}
         if req.get("eager_only"):
             return result
-        mode = req.get("compile_mode") or "default"
         try:
-            compiled = torch.compile(self.model, mode=None if mode == "default" else mode)
+            compiled = _compiled(self.model, req)
             begin = time.perf_counter()
             with torch.no_grad():
                 compiled(*args)
@@ -251,6 +249,19 @@ class ReferenceRole:
         except Exception as exc:
             result["compile_error"] = one_line(exc)
         return result
+
+
+def _compiled(model, req: dict):
+    """torch.compile of `model` in the request's mode, inductor compiling with its `compile_threads`
+    (1: in this process; 0: torch's default pool of worker processes)."""
+    import torch
+    import torch._inductor.config as inductor_config
+
+    threads = int(req.get("compile_threads", 1))
+    if threads > 0:
+        inductor_config.compile_threads = threads
+    mode = req.get("compile_mode") or "default"
+    return torch.compile(model, mode=None if mode == "default" else mode)
 
 
 def _timed_until_stable(call, kwargs: dict, bound: float | None, budget_s: float) -> dict:

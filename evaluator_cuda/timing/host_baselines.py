@@ -21,8 +21,9 @@ def host_baselines(reference: Child, settings, bound: float) -> dict:
     """{"eager", "compile", "compile_error", "compile_first_call_s"} like the looped baselines."""
     result = {"eager": _timed(reference, "eager", settings, bound, settings.baseline_budget_s / 2),
               "compile": None, "compile_error": None}
-    prepared = reply(reference, {"cmd": "prepare_compiled", "compile_mode": settings.compile_mode},
-                     settings.child_timeout_s, harness=True)
+    request = {"cmd": "prepare_compiled", "compile_mode": settings.compile_mode,
+               "compile_threads": settings.compile_threads}
+    prepared = reply(reference, request, settings.child_timeout_s, harness=True)
     if not prepared.get("ok"):
         raise reference_failure(prepared)
     if prepared.get("error"):
