@@ -11,6 +11,11 @@ The run's workers share one GPU: a candidate that runs out of GPU memory is trie
 eager forward runs below the window's low end is drawn again with its batch multiplied by
 ceil(1.5 x low / measured), at most `batch_scale_max` (1: never) and only as far as its planned
 memory stays within `memory_bytes`.
+
+The evaluator's self-check of a candidate times it with less than a grading does (`evaluation`, per
+backend): the paper's 10 timed calls after 3 warm-ups, 128 MiB of distinct timed inputs and a second of
+baseline rounds on cuda. Its eager and compile times are the data set's metadata, not a reward, and
+each evaluation's CPU time and host memory are what bound a run's tasks per hour (docs/task-synthesis.md).
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ PAPER_SIMILARITY_THRESHOLD = 0.9
 PAPER_WINDOW_MS = (1.0, 100.0)
 HOST_WINDOW_MS = (0.001, 50.0)
 CATEGORIES = tuple(PAPER_COMPOSITION)
+# The evaluator settings a synthesis run may lighten for its self-checks (the rest are the run's own).
+EVALUATION_KEYS = ("checks", "warmup", "repeats", "timed_checks", "fresh_input_bytes", "baseline_budget_s")
+CUDA_EVALUATION = {"warmup": 3, "repeats": 10, "timed_checks": 2, "fresh_input_bytes": 128 * 1024**2,
+                   "baseline_budget_s": 1.0}
 SCALES = ("small", "medium", "paper")
 
 
@@ -42,6 +51,8 @@ class SynthesisConfig:
     attempts_per_task: int = 20  # candidates tried per requested task before the run gives up
     oom_retries: int = 2  # further tries of a candidate that ran out of GPU memory, then a `gpu_memory` rejection
     batch_scale_max: int = 64  # the largest batch factor for a candidate below the window (1: no scale-up)
+    # evaluator settings of the self-check per backend (EVALUATION_KEYS only); a backend not named: the evaluator's
+    evaluation: dict = dataclasses.field(default_factory=lambda: {"cuda": dict(CUDA_EVALUATION), "host": {}})
 
     def __post_init__(self):
         unknown = sorted(set(self.composition) - set(CATEGORIES))
@@ -60,10 +71,20 @@ class SynthesisConfig:
             raise ConfigError("attempts_per_task, memory_bytes and batch_scale_max must be positive")
         if self.oom_retries < 0:
             raise ConfigError("oom_retries must be zero or more")
+        for backend, values in self.evaluation.items():
+            unknown = sorted(set(values) - set(EVALUATION_KEYS))
+            if unknown:
+                raise ConfigError(f"evaluation.{backend}: {', '.join(unknown)} cannot be set here "
+                                  f"(only {', '.join(EVALUATION_KEYS)})")
+            if any(isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in values.values()):
+                raise ConfigError(f"evaluation.{backend}: values must be non-negative numbers")
 
     def window(self, backend: str) -> tuple[float, float]:
         low, high = self.window_ms.get(backend, HOST_WINDOW_MS)
         return float(low), float(high)
+
+    def evaluation_for(self, backend: str) -> dict:
+        return dict(self.evaluation.get(backend) or {})
 
     def to_dict(self) -> dict:
         values = dataclasses.asdict(self)
@@ -81,6 +102,8 @@ class SynthesisConfig:
             values["composition"] = {str(k): float(v) for k, v in values["composition"].items()}
         if "window_ms" in values:
             values["window_ms"] = {**cls().window_ms, **{k: tuple(v) for k, v in values["window_ms"].items()}}
+        if "evaluation" in values:
+            values["evaluation"] = {**cls().evaluation, **{k: dict(v or {}) for k, v in values["evaluation"].items()}}
         return cls(**values)
 
     @classmethod

@@ -4,6 +4,7 @@ pairs, planted degenerate tasks rejected with their reasons, quotas, the journal
 import json
 import random
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -275,3 +276,28 @@ def test_the_checks_run_and_time_the_forwards_on_the_jobs_device():
         with pytest.raises(Rejected) as caught:
             run_checks("moved", source, [4, 8], [[4, 8], [4, 8]], (0.0, 1e6), 2**30, device="cuda")
         assert caught.value.stage == "load" and caught.value.reason.startswith("moving to cuda:")
+
+
+def test_config_evaluation_is_checked_and_reaches_the_evaluator(tmp_path):
+    from evaluator_cuda.settings import EvalSettings
+    from task_synthesis.filter.evaluator_stage import evaluator_settings
+
+    path = tmp_path / "c.yaml"
+    path.write_text("evaluation: {cuda: {static_checks: false}}\n")
+    with pytest.raises(ConfigError, match="static_checks cannot be set here"):
+        SynthesisConfig.load(path)
+    with pytest.raises(ConfigError, match="non-negative numbers"):
+        SynthesisConfig(evaluation={"cuda": {"repeats": -1}})
+    path.write_text("evaluation: {host: {repeats: 3}}\n")
+    config = SynthesisConfig.load(path)
+    assert config.evaluation_for("cuda")["repeats"] == 10  # a backend not named keeps the default
+    host = evaluator_settings("host", True, lighter=config.evaluation_for("host"))
+    assert host["repeats"] == 3 and host["warmup"] == EvalSettings.for_backend("host").warmup
+    cuda = evaluator_settings("cuda", True, lighter=SynthesisConfig().evaluation_for("cuda"))
+    assert (cuda["warmup"], cuda["repeats"], cuda["baseline_budget_s"]) == (3, 10, 1.0)
+    assert cuda["static_checks"] == EvalSettings.for_backend("cuda").static_checks
+
+
+def test_the_documented_config_file_is_the_defaults():
+    root = Path(__file__).resolve().parents[1]
+    assert SynthesisConfig.load(root / "configs" / "task_synthesis.yaml") == SynthesisConfig()

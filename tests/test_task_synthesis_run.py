@@ -182,3 +182,10 @@ def test_the_cuda_backend_at_a_host_scale_is_pointed_to_the_paper_scale(tmp_path
     assert small.exit_code == paper.exit_code == 2
     assert "--scale paper" in small.output and "stopped by the test" in small.output
     assert "--scale paper" not in paper.output and "stopped by the test" in paper.output
+
+
+def test_a_run_times_its_self_checks_as_its_config_says(tmp_path):
+    config = SynthesisConfig(compile=False, evaluation={"host": {"repeats": 3, "warmup": 1}})
+    options = RunOptions(out=tmp_path / "t.parquet", count=1, config=config, backend="host", eval_dir=EXAMPLES)
+    settings = Synthesis(options, progress=lambda line: None)._evaluator_settings()
+    assert (settings["repeats"], settings["warmup"], settings["profile"]) == (3, 1, False)

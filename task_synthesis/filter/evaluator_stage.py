@@ -14,10 +14,12 @@ their children share the GPU, so the run tries the candidate again later.
 from __future__ import annotations
 
 
-def evaluator_settings(backend: str, compile_baseline: bool, cache_dir: str | None = None) -> dict:
+def evaluator_settings(backend: str, compile_baseline: bool, cache_dir: str | None = None,
+                       lighter: dict | None = None) -> dict:
+    """The evaluator's settings of the self-check; `lighter`: the run's lighter timing (config.evaluation)."""
     from evaluator_cuda.settings import EvalSettings
 
-    overrides = {"profile": compile_baseline}
+    overrides = {**(lighter or {}), "profile": compile_baseline}
     if cache_dir:
         overrides["cache_dir"] = cache_dir
     return EvalSettings.for_backend(backend, **overrides).to_dict()

@@ -240,7 +240,8 @@ class Synthesis:
             return None
         from ..filter.evaluator_stage import evaluator_settings
 
-        settings = evaluator_settings(self.o.backend, self.o.config.compile, self.o.cache_dir)
+        settings = evaluator_settings(self.o.backend, self.o.config.compile, self.o.cache_dir,
+                                      self.o.config.evaluation_for(self.o.backend))
         return evaluator_inside(settings, self.limits) if self.jailed else settings
 
     # --- deciding -------------------------------------------------------------------------------
