@@ -175,8 +175,8 @@ def _finish(run, wall_s: float) -> int:
     written = write_parquet(entries, run.o.out, run.o.backend)
     plot = plot_similarity(entries, run.o.config.similarity_threshold,
                            run.o.out.with_name(run.o.out.stem + ".similarity.png"))
-    write_report(entries, run.quotas, run.o.config.composition, wall_s, _report_path(run.o.out), plot,
-                 run.journal_settings())
+    write_report(entries, run.quotas, run.o.config.composition, (wall_s, run.kept_this_session()),
+                 _report_path(run.o.out), plot, run.journal_settings())
     return written
 
 

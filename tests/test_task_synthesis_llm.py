@@ -87,7 +87,7 @@ def test_a_run_keeps_the_good_task_and_records_every_bad_reply_with_its_reason(t
     table = pq.read_table(out).to_pylist()
     assert table[0]["code"] == sources[4] and table[0]["data_source"] == "task_synthesis/llm"
     assert table[0]["ops"] == plans[4].ops
-    report = write_report(entries, run.quotas, options.config.composition, 1.0, tmp_path / "r.md", None,
+    report = write_report(entries, run.quotas, options.config.composition, (1.0, 0), tmp_path / "r.md", None,
                           run.journal_settings()).read_text()
     assert "LLM composer (test-model)" in report and "| reply |" in report and "| screen |" in report
 

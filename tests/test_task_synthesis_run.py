@@ -12,6 +12,7 @@ import pytest
 
 from task_synthesis.config import SynthesisConfig
 from task_synthesis.pipeline.journal import journal_path
+from task_synthesis.pipeline.outputs import write_report
 from task_synthesis.pipeline.run import RunOptions, Synthesis
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,9 +52,15 @@ def test_resume_after_a_crash_loses_nothing(tmp_path):
     assert crashed.pool.start_times and crashed.pool.live_workers() == 0  # the crash ended the workers
     before = list(crashed.journal.entries)
     assert len(before) == 4
-    resumed = Synthesis(_options(tmp_path / "t.parquet", 10), progress=lambda line: None)
+    lines = []
+    resumed = Synthesis(_options(tmp_path / "t.parquet", 10), progress=lines.append)
     assert resumed.journal.entries == before  # replayed, not redone
     resumed.run()
+    kept_before = sum(e["status"] == "kept" for e in before)
+    assert resumed.kept_this_session() == 10 - kept_before  # its tasks per hour count only its own
+    report = write_report(resumed.journal.entries, resumed.quotas, resumed.o.config.composition, (3600.0, 6),
+                          tmp_path / "r.md", None, resumed.journal_settings()).read_text()
+    assert "this session: 6 tasks kept in 3600.0 s, 6 kept tasks per hour (4 kept by earlier sessions)" in report
     keys = [e["key"] for e in resumed.journal.entries]
     assert len(keys) == len(set(keys))
     assert resumed.journal.entries[:4] == before

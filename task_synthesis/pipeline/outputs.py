@@ -103,8 +103,9 @@ def second_tries(entries: list[dict]) -> str:
             f"{len(scaled)} candidates below the window ({len(kept_entries(scaled))} kept)")
 
 
-def write_report(entries: list[dict], quotas: dict, composition: dict, wall_s: float, path: Path,
+def write_report(entries: list[dict], quotas: dict, composition: dict, session: tuple[float, int], path: Path,
                  plot: Path | None, settings: dict) -> Path:
+    """`session`: (wall time in s, tasks kept) of this session alone (a resumed run's earlier ones are not timed)."""
     kept = kept_entries(entries)
     total_share = sum(composition.values())
     by_category = Counter(e["category"] for e in kept)
@@ -128,21 +129,23 @@ def write_report(entries: list[dict], quotas: dict, composition: dict, wall_s: f
     for (stage, reason), n in sorted(reasons.items(), key=lambda kv: (STAGES.index(kv[0][0]), -kv[1])):
         lines.append(f"| {stage} | {reason.replace('|', '/')} | {n} |")
     lines += ["", "## Second tries", "", second_tries(entries)]
-    lines += ["", "## Times", ""] + _times(entries, kept, wall_s)
+    lines += ["", "## Times", ""] + _times(entries, kept, session)
     if plot is not None:
         lines += ["", "## Similarity to the evaluation programs", "", f"![similarity]({plot.name})"]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def _times(entries: list[dict], kept: list[dict], wall_s: float) -> list[str]:
+def _times(entries: list[dict], kept: list[dict], session: tuple[float, int]) -> list[str]:
     def median(values):
         values = sorted(v for v in values if isinstance(v, (int, float)))
         return values[len(values) // 2] if values else None
 
     filtered = [e.get("filter_s") for e in entries]
-    rows = [f"- wall time of this session: {wall_s:.1f} s; {3600 * len(kept) / max(wall_s, 1e-9):.0f} kept tasks "
-            "per hour (a resumed run counts only its last session's time)",
+    wall_s, kept_now = session
+    rows = [f"- this session: {kept_now} tasks kept in {wall_s:.1f} s, {3600 * kept_now / max(wall_s, 1e-9):.0f} "
+            f"kept tasks per hour" + (f" ({len(kept) - kept_now} kept by earlier sessions)" if len(kept) > kept_now
+                                      else ""),
             f"- median filter time per candidate: {median(filtered) or 0:.2f} s",
             f"- median eager forward (in-process): {median(e.get('eager_ms') for e in kept) or 0:.4f} ms"]
     eager = median(e.get("evaluator_eager_us") for e in kept)

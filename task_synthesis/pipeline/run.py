@@ -137,6 +137,7 @@ class Synthesis:
         self.requeue = Requeue(delay=options.workers)
         self.began = time.monotonic()
         self._replay()
+        self.kept_before = sum(self.kept.values())  # kept by earlier sessions of a resumed run
 
     def _settings(self) -> dict:
         catalogue = Path(self.o.catalogue or store.DEFAULT_PATH).read_bytes()
@@ -309,10 +310,13 @@ class Synthesis:
         self._count(entry)
         self._report_progress(entry)
 
+    def kept_this_session(self) -> int:
+        return sum(self.kept.values()) - self.kept_before
+
     def _progress(self) -> str:
         kept, decided = sum(self.kept.values()), len(self.journal.entries)
         hours = max(1e-9, (time.monotonic() - self.began) / 3600)
-        return f"[{kept}/{self.o.count} kept, {decided} tried, {kept / hours:.0f} kept/h]"
+        return f"[{kept}/{self.o.count} kept, {decided} tried, {self.kept_this_session() / hours:.0f} kept/h]"
 
     def _report_progress(self, entry: dict) -> None:
         what = "kept" if entry["status"] == "kept" else f"rejected at {entry['stage']}: {entry['reason'][:80]}"
