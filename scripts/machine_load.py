@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Prints the machine's load every --every seconds until stopped: CPU busy share, load average, available
-memory, the GPU's use and memory (through nvidia-smi, when there is one), and the programs that took the
-most CPU time in the interval (grouped by command: a Python program by its module or script).
+memory, the GPU's use and memory (through nvidia-smi, when there is one), the programs that took the
+most CPU time in the interval (grouped by command: a Python program by its module or script) and the
+processes with the most resident memory.
 
   python scripts/machine_load.py --every 20 > load.log &
 
@@ -19,6 +20,7 @@ import time
 from collections import Counter
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 def cpu_totals() -> tuple[int, int]:
@@ -49,8 +51,8 @@ def command_of(pid: str) -> str:
     return name
 
 
-def process_times() -> dict[str, tuple[str, int]]:
-    """pid -> (command, user + system jiffies)."""
+def process_times() -> dict[str, tuple[str, int, int]]:
+    """pid -> (command, user + system jiffies, resident bytes)."""
     out = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -58,7 +60,7 @@ def process_times() -> dict[str, tuple[str, int]]:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            out[pid] = (command_of(pid), int(fields[11]) + int(fields[12]))
+            out[pid] = (command_of(pid), int(fields[11]) + int(fields[12]), int(fields[21]) * PAGE_BYTES)
         except (OSError, IndexError, ValueError):
             continue
     return out
@@ -100,12 +102,14 @@ def main(argv: list[str]) -> int:
         cpu, procs = cpu_totals(), process_times()
         busy = (cpu[0] - last_cpu[0]) / max(1, cpu[1] - last_cpu[1])
         used: Counter = Counter()
-        for pid, (command, ticks) in procs.items():
+        for pid, (command, ticks, _) in procs.items():
             before = last_procs.get(pid)
             used[command] += ticks - (before[1] if before and before[0] == command else 0)
         top = ", ".join(f"{c} {t / CLOCK_TICKS:.1f}s" for c, t in used.most_common(args.top) if t > 0)
+        largest = sorted(procs.values(), key=lambda p: -p[2])[:args.top]
+        resident = ", ".join(f"{c} {rss / 1024**3:.1f} GiB" for c, _, rss in largest)
         print(f"[{time.monotonic() - begin:6.0f}s] CPU {100 * busy:3.0f} % busy, load {os.getloadavg()[0]:.1f}, "
-              f"{available_gib():.0f} GiB free, {gpu_line()} | {top}", flush=True)
+              f"{available_gib():.0f} GiB free, {gpu_line()} | CPU: {top} | largest: {resident}", flush=True)
         last_cpu, last_procs, printed = cpu, procs, printed + 1
     return 0
 

@@ -20,7 +20,7 @@ def test_a_busy_program_is_named_with_its_cpu_time(tmp_path):
         busy.wait()
     assert done.returncode == 0, done.stderr
     line = done.stdout.strip()
-    assert len(done.stdout.splitlines()) == 1 and "% busy" in line and "GiB free" in line
+    assert len(done.stdout.splitlines()) == 1 and "% busy" in line and "GiB free" in line and "largest: " in line
     seconds = float(line.split("burn_cpu.py ")[1].split("s")[0])
     assert seconds >= 0.2  # it spins for the whole interval; a loaded machine still gives it a share
 
