@@ -20,7 +20,7 @@ from task_synthesis.config import ConfigError, SynthesisConfig
 from task_synthesis.filter.execution import Rejected, run_checks
 from task_synthesis.pipeline.journal import Journal, JournalError
 from task_synthesis.pipeline.quotas import quotas
-from task_synthesis.similarity.score import similarity
+from task_synthesis.similarity.score import SimilarityIndex, fingerprint, similarity
 
 OPERATORS = store.load()["operators"]
 
@@ -301,3 +301,27 @@ def test_config_evaluation_is_checked_and_reaches_the_evaluator(tmp_path):
 def test_the_documented_config_file_is_the_defaults():
     root = Path(__file__).resolve().parents[1]
     assert SynthesisConfig.load(root / "configs" / "task_synthesis.yaml") == SynthesisConfig()
+
+
+def _greedy_distinct(prints: list, threshold: float) -> int:
+    index, kept = SimilarityIndex(), 0
+    for n, fp in enumerate(prints):
+        if index.nearest(fp, at_least=threshold)[0] < threshold:
+            index.add(str(n), fp)
+            kept += 1
+    return kept
+
+
+def test_a_near_duplicate_is_the_same_operators_up_to_sizes_not_any_two_operator_task():
+    from task_synthesis.compose.drafts import ProgrammaticComposer
+    from task_synthesis.pipeline.run import candidate_seed
+
+    composer = ProgrammaticComposer(store.load(None)["operators"], "paper")
+    threshold = SynthesisConfig().duplicate_threshold
+    drafts = [composer.draft("2", candidate_seed(0, "2", i)) for i in range(200)]
+    larger = composer.draft("2", candidate_seed(0, "2", 0), batch_factor=3)
+    assert larger.source != drafts[0].source and similarity(larger.source, drafts[0].source) >= threshold
+    pairs = len({tuple(d.plan.ops) for d in drafts})
+    prints = [fingerprint(d.source) for d in drafts]
+    assert _greedy_distinct(prints, threshold) >= 0.9 * pairs  # other operators: other tasks
+    assert _greedy_distinct(prints, 0.9) < 0.7 * pairs  # the paper's decontamination bound would drop them

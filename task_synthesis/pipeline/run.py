@@ -221,8 +221,9 @@ class Synthesis:
         if entry["eval_similarity"] >= threshold:
             return {**entry, "status": "rejected", "stage": "decontaminate",
                     "reason": f"similarity {entry['eval_similarity']:.2f} to {entry['eval_nearest']}"}, None
-        near, name = self.kept_index.nearest(fp, at_least=threshold)
-        if near >= threshold:
+        duplicate = self.o.config.duplicate_threshold
+        near, name = self.kept_index.nearest(fp, at_least=duplicate)
+        if near >= duplicate:
             reason = f"similarity {near:.2f} to {name}"
             return {**entry, "status": "rejected", "stage": "duplicate", "reason": reason}, None
         return entry, self._job(entry, plan)
@@ -301,8 +302,9 @@ class Synthesis:
         if result is not None:
             entry = {**entry, **{k: v for k, v in result.items() if k != "key"}}
             if entry["status"] == "kept":  # a sibling kept while this one ran may be its near-duplicate
-                near, name = self.kept_index.nearest(fingerprint(entry["source"]), self.o.config.similarity_threshold)
-                if near >= self.o.config.similarity_threshold:
+                duplicate = self.o.config.duplicate_threshold
+                near, name = self.kept_index.nearest(fingerprint(entry["source"]), duplicate)
+                if near >= duplicate:
                     entry.update(status="rejected", stage="duplicate", reason=f"similarity {near:.2f} to {name}")
         if entry["status"] != "kept" and not entry.get("composer"):
             entry.pop("source", None)  # the seed gives it again; the journal stays small (a model's reply is kept)
