@@ -294,7 +294,7 @@ def test_config_evaluation_is_checked_and_reaches_the_evaluator(tmp_path):
     host = evaluator_settings("host", True, lighter=config.evaluation_for("host"))
     assert host["repeats"] == 3 and host["warmup"] == EvalSettings.for_backend("host").warmup
     cuda = evaluator_settings("cuda", True, lighter=SynthesisConfig().evaluation_for("cuda"))
-    assert (cuda["warmup"], cuda["repeats"], cuda["baseline_budget_s"]) == (3, 10, 1.0)
+    assert (cuda["checks"], cuda["warmup"], cuda["repeats"], cuda["baseline_budget_s"]) == (2, 3, 10, 1.0)
     assert cuda["static_checks"] == EvalSettings.for_backend("cuda").static_checks
 
 
