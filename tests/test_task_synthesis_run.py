@@ -1,6 +1,7 @@
 """Task synthesis runs: resume after a crash loses nothing, bad input is one error line, and an
 end-to-end run whose kept tasks load and self-check `correct` in `cuda-agent bench`."""
 
+import json
 import os
 import signal
 import subprocess
@@ -107,6 +108,10 @@ def test_synthesized_tasks_load_and_self_check_correct_in_bench(tmp_path):
     assert len(loaded.tasks) == 12 and not loaded.problems
     report = out.with_name("tasks.report.md").read_text()
     assert "## Composition against the target" in report and "## Survival by stage" in report
+    assert "- median evaluator wall time of a kept task: wall " in report and "verify " in report
+    journal = [json.loads(line) for line in journal_path(out).read_text().splitlines()[1:]]
+    kept = [e for e in journal if e["status"] == "kept"]
+    assert all(0 < e["evaluator_verify_s"] < e["evaluator_wall_s"] for e in kept)  # the evaluator's own split
     assert out.with_name("tasks.similarity.png").stat().st_size > 0
     bench = _cli("bench", str(out), "--backend", "host", "--no-profile", "--out", str(tmp_path / "bench"),
                  "--cache-dir", str(tmp_path / "cache"))

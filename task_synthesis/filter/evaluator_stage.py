@@ -58,5 +58,7 @@ def check_with_evaluator(name: str, source: str, settings: dict) -> dict:
     eager, compiled = times.get("eager") or {}, times.get("compile") or {}
     if settings.get("profile") and not compiled:
         raise Rejected("compile", "no torch.compile time was measured")
+    wall = record.get("wall_s") or {}
     return {"evaluator_eager_us": eager.get("median_us"), "evaluator_compile_us": compiled.get("median_us"),
-            "evaluator_wall_s": (record.get("wall_s") or {}).get("total")}
+            "evaluator_wall_s": wall.get("total"), "evaluator_verify_s": wall.get("verify"),
+            "evaluator_profile_s": wall.get("profile"), "evaluator_baselines_s": wall.get("baselines")}

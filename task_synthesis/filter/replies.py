@@ -11,7 +11,8 @@ FILTER_STAGES = ("memory", "load", "inputs", "eager", "output", "deterministic",
                  "timeout", "crash", "evaluator", "compile", "filter_error")
 MAX_REASON_CHARS = 1000
 MAX_RANK = 8
-_MEASURES = ("filter_s", "eager_ms", "evaluator_eager_us", "evaluator_compile_us", "evaluator_wall_s")
+_MEASURES = ("filter_s", "eager_ms", "evaluator_eager_us", "evaluator_compile_us", "evaluator_wall_s",
+             "evaluator_verify_s", "evaluator_profile_s", "evaluator_baselines_s")
 _COUNTS = ("bytes", "peak_bytes")
 _KEYS = {"key", "nonce", "status", "stage", "reason", "output_shape", *_MEASURES, *_COUNTS}
 

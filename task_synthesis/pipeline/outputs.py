@@ -152,4 +152,9 @@ def _times(entries: list[dict], kept: list[dict], session: tuple[float, int]) ->
     compiled = median(e.get("evaluator_compile_us") for e in kept)
     if eager is not None:
         rows.append(f"- median evaluator times: eager {eager:.1f} us, torch.compile {compiled or 0:.1f} us")
+    split = {part: median(e.get(f"evaluator_{part}_s") for e in kept) for part in ("wall", "verify", "profile",
+                                                                                  "baselines")}
+    if split["wall"] is not None:
+        rows.append("- median evaluator wall time of a kept task: " + ", ".join(
+            f"{part} {value:.2f} s" for part, value in split.items() if value is not None))
     return rows
