@@ -59,7 +59,8 @@ class SynthesisConfig:
     attempts_per_task: int = 20  # candidates tried per requested task before the run gives up
     oom_retries: int = 2  # further tries of a candidate that ran out of GPU memory, then a `gpu_memory` rejection
     batch_scale_max: int = 64  # the largest batch factor for a candidate below the window (1: no scale-up)
-    # evaluator settings of the self-check per backend (EVALUATION_KEYS only); a backend not named: the evaluator's
+    # evaluator settings of the self-check per backend (EVALUATION_KEYS only, the evaluator's defaults for the rest);
+    # a backend named in a config file replaces that backend's whole default
     evaluation: dict = dataclasses.field(default_factory=lambda: {"cuda": dict(CUDA_EVALUATION), "host": {}})
 
     def __post_init__(self):

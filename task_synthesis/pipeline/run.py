@@ -221,12 +221,15 @@ class Synthesis:
         if entry["eval_similarity"] >= threshold:
             return {**entry, "status": "rejected", "stage": "decontaminate",
                     "reason": f"similarity {entry['eval_similarity']:.2f} to {entry['eval_nearest']}"}, None
-        duplicate = self.o.config.duplicate_threshold
-        near, name = self.kept_index.nearest(fp, at_least=duplicate)
-        if near >= duplicate:
-            reason = f"similarity {near:.2f} to {name}"
+        reason = self._near_duplicate(fp)
+        if reason:
             return {**entry, "status": "rejected", "stage": "duplicate", "reason": reason}, None
         return entry, self._job(entry, plan)
+
+    def _near_duplicate(self, fp) -> str | None:
+        """Why the program of fingerprint `fp` is a near-duplicate of a kept task, or None."""
+        near, name = self.kept_index.nearest(fp, at_least=self.o.config.duplicate_threshold)
+        return f"similarity {near:.2f} to {name}" if near >= self.o.config.duplicate_threshold else None
 
     def _job(self, entry: dict, plan) -> dict:
         job = {"key": entry["key"], "name": entry["name"], "source": entry["source"],
@@ -302,10 +305,9 @@ class Synthesis:
         if result is not None:
             entry = {**entry, **{k: v for k, v in result.items() if k != "key"}}
             if entry["status"] == "kept":  # a sibling kept while this one ran may be its near-duplicate
-                duplicate = self.o.config.duplicate_threshold
-                near, name = self.kept_index.nearest(fingerprint(entry["source"]), duplicate)
-                if near >= duplicate:
-                    entry.update(status="rejected", stage="duplicate", reason=f"similarity {near:.2f} to {name}")
+                reason = self._near_duplicate(fingerprint(entry["source"]))
+                if reason:
+                    entry.update(status="rejected", stage="duplicate", reason=reason)
         if entry["status"] != "kept" and not entry.get("composer"):
             entry.pop("source", None)  # the seed gives it again; the journal stays small (a model's reply is kept)
         self.journal.add(entry)
