@@ -18,6 +18,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from evaluator_cuda.isolation.sandbox import available_memory_bytes  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
@@ -51,7 +55,7 @@ def command_of(pid: str) -> str:
     return name
 
 
-def process_times() -> dict[str, tuple[str, int, int]]:
+def process_stats() -> dict[str, tuple[str, int, int]]:
     """pid -> (command, user + system jiffies, resident bytes)."""
     out = {}
     for pid in os.listdir("/proc"):
@@ -64,14 +68,6 @@ def process_times() -> dict[str, tuple[str, int, int]]:
         except (OSError, IndexError, ValueError):
             continue
     return out
-
-
-def available_gib() -> float:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024**2
-    return float("nan")
 
 
 def gpu_line() -> str:
@@ -95,11 +91,11 @@ def main(argv: list[str]) -> int:
     if args.every <= 0 or args.lines < 0:
         print("error: --every must be positive and --lines zero or more", file=sys.stderr)
         return 2
-    begin, last_cpu, last_procs = time.monotonic(), cpu_totals(), process_times()
+    begin, last_cpu, last_procs = time.monotonic(), cpu_totals(), process_stats()
     printed = 0
     while not args.lines or printed < args.lines:
         time.sleep(args.every)
-        cpu, procs = cpu_totals(), process_times()
+        cpu, procs = cpu_totals(), process_stats()
         busy = (cpu[0] - last_cpu[0]) / max(1, cpu[1] - last_cpu[1])
         used: Counter = Counter()
         for pid, (command, ticks, _) in procs.items():
@@ -108,8 +104,10 @@ def main(argv: list[str]) -> int:
         top = ", ".join(f"{c} {t / CLOCK_TICKS:.1f}s" for c, t in used.most_common(args.top) if t > 0)
         largest = sorted(procs.values(), key=lambda p: -p[2])[:args.top]
         resident = ", ".join(f"{c} {rss / 1024**3:.1f} GiB" for c, _, rss in largest)
+        free = available_memory_bytes()
+        free_text = f"{free / 1024**3:.0f} GiB free" if free is not None else "? GiB free"
         print(f"[{time.monotonic() - begin:6.0f}s] CPU {100 * busy:3.0f} % busy, load {os.getloadavg()[0]:.1f}, "
-              f"{available_gib():.0f} GiB free, {gpu_line()} | CPU: {top} | largest: {resident}", flush=True)
+              f"{free_text}, {gpu_line()} | CPU: {top} | largest: {resident}", flush=True)
         last_cpu, last_procs, printed = cpu, procs, printed + 1
     return 0
 
