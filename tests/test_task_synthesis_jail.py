@@ -376,3 +376,29 @@ def test_without_the_jail_the_llm_composer_is_refused_and_the_programmatic_one_r
     run = Synthesis(options, progress=lambda line: None)
     assert not run.jailed and run.jail_note.startswith("note: the filter's workers run unjailed")
     assert sum(run.run().values()) == 2
+
+
+def test_the_gpus_are_found_in_the_environment_or_as_device_nodes():
+    from task_synthesis.filter.launch import visible_gpus
+
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2, 5"}, []) == ("2", "5")
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, ["/dev/nvidia0"]) == ()
+    nodes = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-caps"]
+    assert visible_gpus({}, nodes) == ("0", "1")
+
+
+@pytest.mark.parametrize("jailed", [False, pytest.param(True, marks=needs_jail)])
+def test_cuda_workers_are_spread_over_the_gpus_by_slot(monkeypatch, jailed):
+    monkeypatch.setattr("task_synthesis.filter.launch.WORKER_ARGV",
+                        ("-c", "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))"))
+    seen = []
+    for gpus, slot in [(("3", "5"), 0), (("3", "5"), 1), (("3", "5"), 2), (("3",), 1)]:
+        launcher = Launcher("cuda", jailed, WorkerLimits.for_backend("cuda", group_memory_bytes=None), gpus=gpus)
+        started = launcher.start(slot)
+        try:
+            out, _ = started.process.communicate(timeout=60)
+        finally:
+            launcher.release(started)
+        seen.append(out.decode().strip().splitlines()[-1])
+    outside = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+    assert seen == ["3", "5", "3", outside]  # one GPU: the environment's choice is kept

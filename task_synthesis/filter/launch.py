@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,19 +119,38 @@ class Started:
         return f" (at the worker's memory limit of {self.group.memory_bytes / GiB:g} GiB)"
 
 
+def visible_gpus(environ: dict | None = None, nodes: list[str] | None = None) -> tuple[str, ...]:
+    """The GPUs the run may spread its workers over: CUDA_VISIBLE_DEVICES's entries where it is set, else one
+    index per /dev/nvidiaN device node (`nodes`: those names, for a test)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return tuple(e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",") if e.strip())
+    names = [os.path.basename(n) for n in (jail.gpu_devices() if nodes is None else nodes)]
+    return tuple(str(i) for i in range(sum(1 for n in names if re.fullmatch(r"nvidia\d+", n))))
+
+
 class Launcher:
-    """Starts workers for one run: jailed or plain, for a backend, within `limits`."""
+    """Starts workers for one run: jailed or plain, for a backend, within `limits`. On cuda with several GPUs,
+    the n-th worker started sees only GPU n modulo their number (its evaluator's children with it)."""
 
-    def __init__(self, backend: str, jailed: bool, limits: WorkerLimits):
+    def __init__(self, backend: str, jailed: bool, limits: WorkerLimits, gpus: tuple[str, ...] | None = None):
         self.backend, self.jailed, self.limits = backend, jailed, limits
+        self.gpus = (visible_gpus() if gpus is None else gpus) if backend == "cuda" else ()
 
-    def start(self) -> Started:
-        """A new worker (call from the thread that outlives it: the jail dies with its starting thread)."""
+    def gpu_of(self, slot: int | None) -> str | None:
+        """The GPU of the pool's `slot` (None: one GPU or none, the environment's choice is kept)."""
+        if slot is None or len(self.gpus) < 2:
+            return None
+        return self.gpus[slot % len(self.gpus)]
+
+    def start(self, slot: int | None = None) -> Started:
+        """A new worker (call from the thread that outlives it: the jail dies with its starting thread).
+        `slot`: the pool's slot starting it, which picks its GPU (a restarted worker keeps its slot's GPU)."""
         uid = uids.claim_uid(self.limits.uid_base) if self.jailed and jail.probe()["root"] else None
         group = None
         try:
             group = self._group(uid)
-            argv, env = self._command(uid, group)
+            argv, env = self._command(uid, group, self.gpu_of(slot))
             process = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, start_new_session=True)
         except BaseException:
@@ -147,12 +167,15 @@ class Launcher:
         except cgroup.CgroupUnavailable:
             return None
 
-    def _command(self, uid: int | None, group: cgroup.JailCgroup | None) -> tuple[list[str], dict[str, str]]:
+    def _command(self, uid: int | None, group: cgroup.JailCgroup | None,
+                 gpu: str | None = None) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, *WORKER_ARGV]
+        only = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
         if not self.jailed:
             python_path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-            return argv, {**os.environ, "PYTHONPATH": python_path}
-        command = jail.jail_command(worker_spec(self.backend, self.limits, uid or jail.NOBODY, group), argv)
+            return argv, {**os.environ, "PYTHONPATH": python_path, **only}
+        spec = worker_spec(self.backend, self.limits, uid or jail.NOBODY, group)
+        command = jail.jail_command(dataclasses.replace(spec, env={**spec.env, **only}), argv)
         return command.argv, command.env
 
     @staticmethod

@@ -104,7 +104,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._live: set[Worker] = set()
         self._failed_starts = 0
-        self._slots = [_Slot(self) for _ in range(count)]
+        self._slots = [_Slot(self, index) for index in range(count)]
         for slot in self._slots:
             slot.start()
 
@@ -167,9 +167,9 @@ class WorkerPool:
 class _Slot(threading.Thread):
     """Owns one worker at a time (its jail dies with this thread) and feeds it the pool's jobs."""
 
-    def __init__(self, pool: WorkerPool):
+    def __init__(self, pool: WorkerPool, index: int):
         super().__init__(daemon=True)
-        self.pool, self.worker = pool, None
+        self.pool, self.index, self.worker = pool, index, None
 
     def run(self) -> None:
         try:
@@ -209,7 +209,7 @@ class _Slot(threading.Thread):
     def _start(self) -> Worker:
         begin = time.monotonic()
         try:
-            worker = Worker(self.pool.launcher.start())
+            worker = Worker(self.pool.launcher.start(self.index))
         except (OSError, RuntimeError, ValueError) as exc:  # the jail refused the spec, no free uid, ...
             raise WorkerStartFailed(f"{type(exc).__name__}: {exc}"[:200]) from None
         self.pool._register(worker, True)
