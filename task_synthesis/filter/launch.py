@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import cuda_agent.jail as jail
+from cuda_agent.contracts import visible_gpu_count
 from cuda_agent.jail import cgroup, uids
 from evaluator_cuda.isolation.sandbox import HARNESS_PACKAGES, JAIL_ENV_FIXED, JAIL_ENV_KEEP
 from evaluator_cuda.settings import CHILD_FILE_SIZE_BYTES
@@ -119,19 +119,18 @@ class Started:
         return f" (at the worker's memory limit of {self.group.memory_bytes / GiB:g} GiB)"
 
 
-def visible_gpus(environ: dict | None = None, nodes: list[str] | None = None) -> tuple[str, ...]:
-    """The GPUs the run may spread its workers over: CUDA_VISIBLE_DEVICES's entries where it is set, else one
-    index per /dev/nvidiaN device node (`nodes`: those names, for a test)."""
-    environ = os.environ if environ is None else environ
-    if environ.get("CUDA_VISIBLE_DEVICES") is not None:
-        return tuple(e.strip() for e in environ["CUDA_VISIBLE_DEVICES"].split(",") if e.strip())
-    names = [os.path.basename(n) for n in (jail.gpu_devices() if nodes is None else nodes)]
-    return tuple(str(i) for i in range(sum(1 for n in names if re.fullmatch(r"nvidia\d+", n))))
+def visible_gpus(environ: dict | None = None, count=visible_gpu_count) -> tuple[str, ...]:
+    """The GPUs the run may spread its workers over: CUDA_VISIBLE_DEVICES's entries where it is set, else
+    one index per GPU the driver shows (`count`)."""
+    listed = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return tuple(e.strip() for e in listed.split(",") if e.strip())
+    return tuple(str(i) for i in range(count()))
 
 
 class Launcher:
     """Starts workers for one run: jailed or plain, for a backend, within `limits`. On cuda with several GPUs,
-    the n-th worker started sees only GPU n modulo their number (its evaluator's children with it)."""
+    the worker of pool slot n sees only GPU n modulo their number (its evaluator's children with it)."""
 
     def __init__(self, backend: str, jailed: bool, limits: WorkerLimits, gpus: tuple[str, ...] | None = None):
         self.backend, self.jailed, self.limits = backend, jailed, limits
@@ -170,12 +169,12 @@ class Launcher:
     def _command(self, uid: int | None, group: cgroup.JailCgroup | None,
                  gpu: str | None = None) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, *WORKER_ARGV]
-        only = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
+        gpu_env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}
         if not self.jailed:
             python_path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-            return argv, {**os.environ, "PYTHONPATH": python_path, **only}
+            return argv, {**os.environ, "PYTHONPATH": python_path, **gpu_env}
         spec = worker_spec(self.backend, self.limits, uid or jail.NOBODY, group)
-        command = jail.jail_command(dataclasses.replace(spec, env={**spec.env, **only}), argv)
+        command = jail.jail_command(dataclasses.replace(spec, env={**spec.env, **gpu_env}), argv)
         return command.argv, command.env
 
     @staticmethod
