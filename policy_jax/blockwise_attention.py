@@ -2,7 +2,8 @@
 
 Queries are taken in blocks; for each, the key/value blocks are visited in order with an online
 softmax (a running maximum, normaliser and weighted sum), as in memory-efficient and flash
-attention. Both loops are `lax.scan`s whose steps are rematerialised in the backward pass, so
+attention; a key block that no query of the block can see (in its future, or padding) is skipped.
+Both loops are `lax.scan`s whose steps are rematerialised in the backward pass, so
 what is kept for the gradient is O(b · t · n · h), never O(t²). It is plain XLA and runs on
 every backend; it is the long-context path where no fused kernel applies.
 
@@ -30,7 +31,7 @@ def _pad_to(x: jax.Array, axis: int, multiple: int) -> jax.Array:
     return jnp.pad(x, widths)
 
 
-def _key_block_step(carry, key_block, *, q_bqkgh, q_seg_bq, q_idx_q, scale):
+def _fold_key_block(carry, key_block, *, q_bqkgh, q_seg_bq, q_idx_q, scale):
     """Fold one key/value block into the running softmax of one query block."""
     m_bkgq, l_bkgq, acc_bqkgh = carry
     k_bskh, v_bskh, k_seg_bs, k_idx_s = key_block
@@ -44,7 +45,18 @@ def _key_block_step(carry, key_block, *, q_bqkgh, q_seg_bq, q_idx_q, scale):
     l_new = l_bkgq * correction + p_bkgqs.sum(axis=-1)
     pv_bqkgh = jnp.einsum("bkgqs,bskh->bqkgh", p_bkgqs.astype(v_bskh.dtype), v_bskh, preferred_element_type=jnp.float32)
     acc_new = acc_bqkgh * jnp.moveaxis(correction, -1, 1)[..., None] + pv_bqkgh
-    return (m_new, l_new, acc_new), None
+    return m_new, l_new, acc_new
+
+
+def _key_block_step(carry, key_block, *, q_bqkgh, q_seg_bq, q_idx_q, scale):
+    """Fold one key/value block into the running softmax of one query block, unless no query of the
+    block can see any of its keys: keys all after the queries (about half the blocks, by causality),
+    or queries or keys all padding. Folding such a block would leave the running softmax exactly as
+    it is, so it is skipped (`lax.cond` runs one branch), in the forward and the backward pass."""
+    _, _, k_seg_bs, k_idx_s = key_block
+    seen = (q_idx_q[-1] >= k_idx_s[0]) & jnp.any(k_seg_bs != 0) & jnp.any(q_seg_bq != 0)
+    fold = functools.partial(_fold_key_block, q_bqkgh=q_bqkgh, q_seg_bq=q_seg_bq, q_idx_q=q_idx_q, scale=scale)
+    return jax.lax.cond(seen, fold, lambda carry, _: carry, carry, key_block), None
 
 
 def check_heads(q_btnh, k_btkh):
