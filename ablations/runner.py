@@ -155,15 +155,32 @@ class ArmRun:
         return states, reason and f"stopped after iteration {index + 1}: {reason}"
 
 
+_ENGINES: dict[tuple, Engines] = {}  # the latest run's compiled pieces, kept for the next run in this process
+
+
+def _shared_engines(run, devices, total_steps: int) -> Engines:
+    """The compiled pieces for `run` on `devices`. The latest are kept: running again in the same process
+    with the same run settings (a resume, another seed list, a test) traces and compiles nothing again."""
+    import jax
+
+    from policy_jax.sharding import make_mesh
+
+    devices = list(devices if devices is not None else jax.devices())
+    key = (repr(run), tuple((d.platform, d.id) for d in devices), total_steps)
+    if key not in _ENGINES:
+        _ENGINES.clear()  # one set at a time: their states hold a copy of the model
+        _ENGINES[key] = Engines(make_mesh(run.mesh, devices), total_steps=total_steps)
+    return _ENGINES[key]
+
+
 def _engines_and_points(cfg: AblationConfig, folder: RunFolder, devices, signals: StopSignals, position: Position,
                         say: Say):
     """The compiled pieces, and the starting points: read back when saved, else computed and saved."""
     from ablations.warm_start import starting_points
-    from policy_jax.sharding import make_mesh
 
     updates = cfg.run.ppo.epochs * cfg.run.train.global_batch_size // min(cfg.run.ppo.mini_batch_size,
                                                                           cfg.run.train.global_batch_size)
-    engines = Engines(make_mesh(cfg.run.mesh, devices), total_steps=max(1, cfg.iterations * updates))
+    engines = _shared_engines(cfg.run, devices, max(1, cfg.iterations * updates))
     keys = sorted({(a.rft_init, a.value_pretraining) for a in cfg.arms})
     with signals.held():
         points = load_starting_points(folder.checkpoints, keys, engines, cfg.run)

@@ -49,6 +49,10 @@ SPREAD_MODULES = {
 SHARED_UNITS = {
     "test_examples_host.py": "host_examples",
     "test_evaluator_examples.py": "host_examples",
+    # not a fixture: the ablation runner keeps its compiled pieces in the process, so the second module's
+    # runs of the same settings compile nothing again
+    "test_ablation_run.py": "ablation",
+    "test_ablation_resume.py": "ablation",
 }
 
 
