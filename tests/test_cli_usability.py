@@ -1,6 +1,7 @@
 """The command line a newcomer meets: one default backend, refusals up front, plain help, exit codes, progress."""
 
 import re
+from pathlib import Path
 
 import click
 import pytest
@@ -102,16 +103,34 @@ def test_exit_codes_tell_verdicts_usage_refusals_and_infrastructure_apart():
         assert "Exit codes: 0" in help_text and "4 infrastructure failure" in help_text
 
 
+def _short_call_limits(monkeypatch) -> None:
+    """The command's settings with 2 s, not the defaults' 5 and 10 s, added to a call's limit (for real
+    candidates' first calls on a GPU): the hanging candidate below waits about 4 s instead of 15 s."""
+    import dataclasses
+
+    from evaluator_cuda import cli as evaluator_cli
+
+    settings = evaluator_cli._settings
+    monkeypatch.setattr(evaluator_cli, "_settings", lambda *args, **kwargs: dataclasses.replace(
+        settings(*args, **kwargs), call_timeout_extra_s=2.0, first_call_extra_s=2.0))
+
+
 @pytest.mark.slow
-def test_evaluate_says_each_step_and_its_timeout_stops_a_hanging_candidate(tmp_path):
+def test_evaluate_says_each_step_and_its_timeout_stops_a_hanging_candidate(tmp_path, monkeypatch):
     """--timeout caps every request to the children; each candidate call's own limit (a multiple of the
     reference's call, a few seconds here) stays below it. 30 s leaves the reference child's requests
-    room on a loaded machine (a 2 s cap cut them there)."""
+    room on a loaded machine (a 2 s cap cut them there). The task is row_l2_norm at a small size: at its
+    own (a second per reference call here, input generation included) the call's limit was the 30 s cap."""
+    _short_call_limits(monkeypatch)
+    task = tmp_path / "row_l2_norm.py"
+    source = (Path(__file__).resolve().parents[1] / "examples" / "tasks" / "row_l2_norm.py").read_text()
+    task.write_text(source.replace("\nROWS = 8192\n", "\nROWS = 64\n").replace("\nCOLS = 4096\n", "\nCOLS = 256\n"))
+    assert "ROWS = 64" in task.read_text() and "COLS = 256" in task.read_text()
     hang = tmp_path / "hang.py"
     hang.write_text("import time\n\nimport torch\n\n\nclass ModelNew(torch.nn.Module):\n"
                     "    def __init__(self, *args):\n        super().__init__()\n\n"
                     "    def forward(self, x):\n        time.sleep(1000)\n        return x\n")
-    result = runner.invoke(app, ["evaluate", "examples/tasks/row_l2_norm.py", str(hang), "--backend", "host",
+    result = runner.invoke(app, ["evaluate", str(task), str(hang), "--backend", "host",
                                  "--no-profile", "--timeout", "30", "--cache-dir", str(tmp_path / "cache")])
     assert result.exit_code == 1, result.output  # a verdict failure
     import json
@@ -121,7 +140,7 @@ def test_evaluate_says_each_step_and_its_timeout_stops_a_hanging_candidate(tmp_p
 
     record = json.loads(result.stdout)
     settings = _settings("host", None, None, False, None, timeout=30.0)
-    assert settings.child_timeout_s == 30.0
+    assert settings.child_timeout_s == 30.0 and settings.first_call_extra_s == 2.0
     limit = call_timeout(record["reference_call_s"], settings)
     assert limit <= 30.0 and record["call_timeout_s"] == pytest.approx(limit, abs=2e-3)
     said = re.search(r"gave no answer within (\d+) s", record["message"])

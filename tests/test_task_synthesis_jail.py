@@ -193,7 +193,9 @@ def _one_worker(timeout_s: float = 60.0) -> int:
 def test_a_killed_or_hung_worker_makes_its_candidate_a_worker_rejection_and_is_replaced():
     """And a worker whose candidate ran past the in-process limit is replaced too (its state may be broken)."""
     task = composed_source(0)
-    pool = WorkerPool(Launcher("host", True, WorkerLimits(job_timeout_s=15.0)), 1)
+    # The hung worker's candidate waits out the job's limit: 8 s, far above what the other jobs take (a
+    # kept one about 0.1 s, the asleep one its 1 s limit, the slow one about 1 s until its worker is killed).
+    pool = WorkerPool(Launcher("host", True, WorkerLimits(job_timeout_s=8.0)), 1)
     try:
         assert pool.submit(filter_job("2:0", task)).result(timeout=300)["status"] == "kept"
         asleep = planted(task, "asleep", "import time\ntime.sleep(120)")
@@ -211,7 +213,7 @@ def test_a_killed_or_hung_worker_makes_its_candidate_a_worker_rejection_and_is_r
                 "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])\nwhile True:\n    pass")
         begin = time.monotonic()
         verdict = pool.submit(filter_job("2:2", planted(task, "hang", hang), time_limit_s=1.0)).result(timeout=300)
-        assert (verdict["stage"], verdict["reason"]) == ("worker", "the worker gave no verdict within 15 s")
+        assert (verdict["stage"], verdict["reason"]) == ("worker", "the worker gave no verdict within 8 s")
         assert time.monotonic() - begin < 120
         assert pool.submit(filter_job("2:3", task)).result(timeout=300)["status"] == "kept"
         assert len(pool.start_times) == 4

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -86,37 +87,6 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, message):
     assert len(errors) == 1 and errors[0].startswith("error: ") and message in errors[0]
 
 
-def test_synthesized_tasks_load_and_self_check_correct_in_bench(tmp_path):
-    import pyarrow.parquet as pq
-
-    from evaluator_cuda.tasks import load_tasks
-
-    out = tmp_path / "tasks.parquet"
-    done = _cli("data", "synthesize", "--out", str(out), "--count", "12", "--backend", "host", "--workers", "2",
-                "--eval-dir", str(EXAMPLES), "--no-compile", "--cache-dir", str(tmp_path / "cache"))
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "kept" in done.stderr  # progress lines
-    table = pq.read_table(out)
-    assert table.num_rows == 12
-    assert {"code", "name", "ops", "composition", "num_ops", "data_source", "eval_similarity"} <= set(
-        table.column_names)
-    assert max(table.column("eval_similarity").to_pylist()) < 0.9
-    # 12 x the shares: 0.41, 10.05, 0.91, 0.34, 0.15, 0.14: ten 2-operator tasks, then the largest remainders
-    assert sorted(table.column("composition").to_pylist()) == ["1"] + ["2"] * 10 + ["3"]
-    loaded = load_tasks(out)
-    assert len(loaded.tasks) == 12 and not loaded.problems
-    report = out.with_name("tasks.report.md").read_text()
-    assert "## Composition against the target" in report and "## Survival by stage" in report
-    assert "- median evaluator wall time of a kept task: wall " in report and "verify " in report
-    journal = [json.loads(line) for line in journal_path(out).read_text().splitlines()[1:]]
-    kept = [e for e in journal if e["status"] == "kept"]
-    assert all(0 < e["evaluator_verify_s"] < e["evaluator_wall_s"] for e in kept)  # the evaluator's own split
-    assert out.with_name("tasks.similarity.png").stat().st_size > 0
-    bench = _cli("bench", str(out), "--backend", "host", "--no-profile", "--out", str(tmp_path / "bench"),
-                 "--cache-dir", str(tmp_path / "cache"))
-    assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-2000:]
-
-
 def _descendants(root: int) -> dict[int, str]:
     """pid -> start time of every process below `root` (the start time tells a reused pid apart)."""
     parents, starts = {}, {}
@@ -144,10 +114,15 @@ def _alive(pid: int, start: str) -> bool:
     return fields[19] == start and fields[0] != "Z"
 
 
-def test_sigterm_ends_the_workers_and_their_evaluator_children_and_the_run_resumes(tmp_path):
+@pytest.fixture(scope="module")
+def stopped_and_resumed_run(tmp_path_factory) -> SimpleNamespace:
+    """One `data synthesize` run of five tasks, stopped by SIGTERM once its first decision is journaled, then
+    resumed to the end. test_sigterm_... checks the stop and the resume, test_synthesized_... the tasks kept:
+    a run's workers, evaluator children and self-checks are its time, so the two tests share one."""
+    tmp_path = tmp_path_factory.mktemp("synthesize")
     out = tmp_path / "tasks.parquet"
-    args = ["data", "synthesize", "--out", str(out), "--count", "6", "--backend", "host", "--workers", "2",
-            "--no-compile", "--cache-dir", str(tmp_path / "cache")]
+    args = ["data", "synthesize", "--out", str(out), "--count", "5", "--backend", "host", "--workers", "2",
+            "--eval-dir", str(EXAMPLES), "--no-compile", "--cache-dir", str(tmp_path / "cache")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.Popen([sys.executable, "-m", "cuda_agent.cli", *args], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -158,19 +133,57 @@ def test_sigterm_ends_the_workers_and_their_evaluator_children_and_the_run_resum
         if journal.exists() and journal.read_text().count("\n") >= 2 or run.poll() is not None:
             break
         time.sleep(0.1)
-    assert run.poll() is None, "the run ended before it could be stopped"
+    ended_early = run.poll() is not None
     seen.update(_descendants(run.pid))
     run.send_signal(signal.SIGTERM)
     _, err = run.communicate(timeout=120)
-    assert run.returncode == 130, err[-2000:]
-    assert err.strip().splitlines()[-1].startswith("stopped: "), err[-500:]
     time.sleep(1.0)
     left = [pid for pid, start in seen.items() if _alive(pid, start)]
-    assert not left, f"processes outlived the stopped run: {left}"
     decided = journal.read_text().count("\n")
-    done = _cli(*args)
+    resumed = _cli(*args)
+    return SimpleNamespace(out=out, cache=tmp_path / "cache", ended_early=ended_early, stopped_code=run.returncode,
+                           stopped_err=err, left=left, decided=decided, resumed=resumed)
+
+
+def test_synthesized_tasks_load_and_self_check_correct_in_bench(stopped_and_resumed_run, tmp_path):
+    import pyarrow.parquet as pq
+
+    from evaluator_cuda.tasks import load_tasks
+
+    out, done = stopped_and_resumed_run.out, stopped_and_resumed_run.resumed
     assert done.returncode == 0, done.stderr[-2000:]
-    assert journal.read_text().count("\n") >= decided  # nothing decided before the stop was redone or lost
+    assert "kept" in done.stderr  # progress lines
+    table = pq.read_table(out)
+    assert table.num_rows == 5
+    assert {"code", "name", "ops", "composition", "num_ops", "data_source", "eval_similarity"} <= set(
+        table.column_names)
+    assert max(table.column("eval_similarity").to_pylist()) < 0.9
+    # 5 x the shares: 0.17, 4.19, 0.38, 0.14, 0.06, 0.06: four 2-operator tasks, then the largest remainder
+    # (the quotas of more categories: test_task_synthesis.py::test_quotas_follow_the_paper_composition)
+    assert sorted(table.column("composition").to_pylist()) == ["2"] * 4 + ["3"]
+    loaded = load_tasks(out)
+    assert len(loaded.tasks) == 5 and not loaded.problems
+    report = out.with_name("tasks.report.md").read_text()
+    assert "## Composition against the target" in report and "## Survival by stage" in report
+    assert "- median evaluator wall time of a kept task: wall " in report and "verify " in report
+    journal = [json.loads(line) for line in journal_path(out).read_text().splitlines()[1:]]
+    kept = [e for e in journal if e["status"] == "kept"]
+    assert all(0 < e["evaluator_verify_s"] < e["evaluator_wall_s"] for e in kept)  # the evaluator's own split
+    assert out.with_name("tasks.similarity.png").stat().st_size > 0
+    bench = _cli("bench", str(out), "--backend", "host", "--no-profile", "--out", str(tmp_path / "bench"),
+                 "--cache-dir", str(stopped_and_resumed_run.cache))
+    assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-2000:]
+
+
+def test_sigterm_ends_the_workers_and_their_evaluator_children_and_the_run_resumes(stopped_and_resumed_run):
+    run = stopped_and_resumed_run
+    assert not run.ended_early, "the run ended before it could be stopped"
+    assert run.stopped_code == 130, run.stopped_err[-2000:]
+    assert run.stopped_err.strip().splitlines()[-1].startswith("stopped: "), run.stopped_err[-500:]
+    assert not run.left, f"processes outlived the stopped run: {run.left}"
+    assert run.resumed.returncode == 0, run.resumed.stderr[-2000:]
+    # nothing decided before the stop was redone or lost
+    assert journal_path(run.out).read_text().count("\n") >= run.decided
 
 
 def test_the_cuda_backend_at_a_host_scale_is_pointed_to_the_paper_scale(tmp_path, monkeypatch):
