@@ -95,8 +95,7 @@ def _checks(job: dict) -> dict:
 
 def filter_candidate(job: dict) -> dict:
     """job: name, source, expected_shape, shapes, window_ms, memory_bytes, evaluator (settings or None), and
-    optionally input_shapes, time_limit_s, grace_s (how long past that limit the zygote waits before it kills
-    the candidate's process) and device (where the in-process forwards run: "cpu" or "cuda").
+    optionally input_shapes, time_limit_s and device (where the in-process forwards run: "cpu" or "cuda").
     Returns the job's key with `status` kept/rejected, the stage and reason, and what was measured; or status
     `retry` at stage `gpu_memory` when the GPU ran out of memory (shared by the run's workers: not the task's
     fault). The in-process checks' memory goes with their process; the evaluator's is released on every way out."""

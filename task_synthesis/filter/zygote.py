@@ -8,11 +8,11 @@ handlers, leaked threads) dies with it: the next candidate starts again from the
 runs task code. The child holds none of the worker's pipes, only its own pipe to the zygote, and
 cannot open theirs or reach their memory through /proc: the worker and the zygote are not dumpable.
 
-The zygote stops a child that outlives the checks' limit by a grace (the job's `grace_s`, else GRACE_S;
-SIGKILL to its process group: a `timeout`) and reports one that dies or answers with something else (a
-`crash`). It dies with its worker. In its jail a worker also kills, before each candidate, whatever
-earlier ones left running (kill_leftovers). Standard library only here; the child imports what the
-checks need from the zygote's memory.
+The zygote stops a child that outlives the checks' limit by GRACE_S (SIGKILL to its process group: a
+`timeout`) and reports one that dies or answers with something else (a `crash`). It dies with its
+worker. In its jail a worker also kills, before each candidate, whatever earlier ones left running
+(kill_leftovers). Standard library only here; the child imports what the checks need from the
+zygote's memory.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 
 from . import wire
 
-GRACE_S = 5.0  # beyond the checks' own limit (their alarm) before the zygote kills the child (default)
+GRACE_S = 5.0  # beyond the checks' own limit (their alarm) before the zygote kills the child
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 
@@ -155,7 +155,7 @@ def _one_child(job: dict, limit_s: float, server_fd: int) -> dict:
     except OSError:
         pass
     try:
-        outcome = wire.receive(read_end, time.monotonic() + limit_s + _grace(job))
+        outcome = wire.receive(read_end, time.monotonic() + limit_s + GRACE_S)
         if not isinstance(outcome.get("measured", outcome.get("rejected")), dict):
             outcome = _crash("answered with something other than its checks' outcome")
     except wire.WireTimeout:
@@ -171,12 +171,6 @@ def _one_child(job: dict, limit_s: float, server_fd: int) -> dict:
         how = describe_exit(os.waitstatus_to_exitcode(status))
         outcome = _crash(f"{how} before its checks' outcome ({outcome['pending']})")
     return outcome
-
-
-def _grace(job: dict) -> float:
-    """How long past its limit a child may run before it is killed: the job's `grace_s` (set by the run,
-    never by the candidate), else GRACE_S."""
-    return float(job.get("grace_s") or GRACE_S)
 
 
 def _checks(job: dict, limit_s: float) -> dict:
