@@ -14,8 +14,11 @@ hand it jobs through a queue and a wake-up pipe and wait on futures. The thread:
   as long as it takes. Jobs the broker refuses for good (unknown service, larger than a client
   may ever have queued) resolve at once with the broker's reason;
 - pings the broker while it waits; when the broker's epoch changes (it restarted) or it has
-  been silent for ``liveness`` heartbeats, resubmits every job still waiting. Resubmitting is
-  safe: ids are content-derived, the broker attaches duplicates to the running or finished job;
+  been silent for ``liveness`` heartbeats, resubmits every job still waiting. Silence counts
+  only while this thread runs: after a stall of the thread itself (the trainer held the
+  interpreter for seconds), no pings went out and the broker had nothing to answer, so the
+  count starts again. Resubmitting is safe: ids are content-derived, the broker attaches
+  duplicates to the running or finished job;
 - resolves each future once, acknowledges every result it receives (so the broker can forget
   the delivery), and turns bridge failures into ``{"status": "infra_error", "error": ...}``.
 """
@@ -190,6 +193,7 @@ class BridgeClient:
         self._epoch = None
         self._last_heard = time.monotonic()
         self._last_ping = 0.0
+        self._last_housekeeping = time.monotonic()
         next_housekeeping = 0.0
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
@@ -386,6 +390,9 @@ class BridgeClient:
                 waiting.state = "unsent"
                 self._unsent.append(waiting)
                 del self._busy[jid]
+        if now - self._last_housekeeping > self.settings.heartbeat_s:
+            self._last_heard = now  # this thread stalled (or idled): no pings went out, so no silence either
+        self._last_housekeeping = now
         if self._waiting or self._status_waiters:
             if now - self._last_heard > self.settings.silence_limit_s and self._waiting:
                 log.warning("broker at %s silent for %.1f s: resubmitting %d jobs", self.endpoint,
