@@ -9,7 +9,7 @@ window is a separate setting (small CPU runs are far faster than a GPU task of r
 The run's workers share one GPU: a candidate that runs out of GPU memory is tried again later,
 `oom_retries` times at most, then rejected at stage `gpu_memory`. A programmatic candidate whose
 eager forward runs below the window's low end is drawn again with its batch multiplied by
-ceil(3 x low / measured), at most `batch_scale_max` (1: never) and only as far as its planned
+ceil(1.5 x low / measured), at most `batch_scale_max` (1: never) and only as far as its planned
 memory stays within `memory_bytes`.
 
 The evaluator's self-check of a candidate times it with less than a grading does (`evaluation`, per

@@ -334,11 +334,11 @@ def test_a_crash_while_a_candidate_waits_to_be_tried_again_loses_it_and_the_resu
 
 
 @pytest.mark.parametrize("eager_ms, low, cap, planned, activations, bound, expected", [
-    (0.05, 1.0, 64, 10_000, 1_000, 10**9, 60),  # ceil(3 / 0.05)
-    (0.01, 1.0, 64, 10_000, 1_000, 10**9, 64),  # ceil(300) capped
+    (0.05, 1.0, 64, 10_000, 1_000, 10**9, 30),  # ceil(1.5 / 0.05)
+    (0.01, 1.0, 64, 10_000, 1_000, 10**9, 64),  # ceil(150) capped
     (0.05, 1.0, 64, 10_000, 1_000, 20_000, 11),  # 9,000 of parameters + 11 x 1,000 fit in 20,000
     (0.05, 1.0, 64, 10_000, 1_000, 10_500, 1),  # not even twice the batch fits
-    (0.9, 1.0, 64, 10_000, 1_000, 10**9, 4),  # ceil(3.33)
+    (0.9, 1.0, 64, 10_000, 1_000, 10**9, 2),  # ceil(1.67)
     (1.5, 1.0, 64, 10_000, 1_000, 10**9, 1),  # inside the window already
     (0.05, 1.0, 1, 10_000, 1_000, 10**9, 1),  # scale-up off
 ])
@@ -391,7 +391,7 @@ def test_a_candidate_below_the_window_is_drawn_again_with_its_batch_multiplied(t
     run.run()
     entries = run.journal.entries
     assert sum(run.kept.values()) == 4 and len({e["key"] for e in entries}) == len(entries)
-    factor = math.ceil(3 * 0.5 / 0.1)
+    factor = math.ceil(1.5 * 0.5 / 0.1)
     for entry in entries:
         unscaled = compose(entry["category"], OPERATORS, entry["seed"], "small")
         assert entry["batch_factor"] == factor and entry["unscaled_eager_ms"] == 0.1
@@ -418,8 +418,7 @@ def test_no_scale_up_when_it_is_off_and_only_as_far_as_the_memory_bound_leaves_r
     for entry in full.journal.entries:
         unscaled = compose(entry["category"], OPERATORS, entry["seed"], "small")
         room = bound // (4 * sum(math.prod(s) for s in unscaled.shapes()))  # the script reports no parameters
-        expected = min(math.ceil(3 * 0.5 / 0.1), room)
+        expected = min(math.ceil(1.5 * 0.5 / 0.1), room)
         assert entry.get("batch_factor", 1) == (expected if expected >= 2 else 1)
         factors.append(expected)
-    aim = math.ceil(3 * 0.5 / 0.1)
-    assert min(factors) < aim == max(factors)  # this seed's draws: one held back by the bound, one not
+    assert min(factors) < 8 <= max(factors)  # this seed's draws: one held back by the bound, one not

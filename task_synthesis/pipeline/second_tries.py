@@ -2,12 +2,8 @@
 again later (the run's workers share the GPU, so the error may be its neighbours'), and a programmatic one
 whose eager forward ran below the window is drawn again with its batch multiplied.
 
-The batch factor aims the expected time at 3 x the window's low end, as if the time grew with the
-batch. On a GPU that is not yet full it grows more slowly: in 532 scaled tries of the H200 runs the
-time grew by a median 0.44 of the factor (quartiles 0.16 and 0.78), and with a margin of 1.5 57 % of
-the scaled tries still ran below the window; fitted line by line (time = a + b x batch) through the
-two times each try measured, a margin of 3 would have put 54 % of them inside it, against 35 % at
-1.5, and none above the window's high end (docs/task-synthesis.md). Parameters
+The batch factor aims the expected time at 1.5 x the window's low end, assuming the time grows with
+the batch (on a GPU it grows more slowly while the device is not full, hence the margin). Parameters
 do not grow with the batch; the inputs and every intermediate do (compose/composer.py scales each
 shape of the plan by the factor), so the factor is also held to what keeps the planned bytes within
 the memory bound (filter/execution.check_memory counts them, again, in the worker).
@@ -17,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-SCALE_MARGIN = 3.0
+SCALE_MARGIN = 1.5
 ELEMENT_BYTES = 4  # float32, as filter/execution.check_memory counts
 
 
@@ -27,7 +23,7 @@ def activation_bytes(shapes: list[list[int]]) -> int:
 
 
 def batch_factor(eager_ms: float, low_ms: float, cap: int, planned_bytes: int, activations: int, bound: int) -> int:
-    """ceil(SCALE_MARGIN x low / eager_ms), at most `cap`, and at most what keeps the parameters (`planned_bytes` less
+    """ceil(1.5 x low / eager_ms), at most `cap`, and at most what keeps the parameters (`planned_bytes` less
     `activations`) plus `activations` x factor within `bound`; 1 (no scale-up) for a time not below `low_ms`."""
     if not 0 < eager_ms < low_ms:
         return 1
