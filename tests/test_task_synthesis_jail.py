@@ -320,6 +320,31 @@ def test_workers_that_cannot_start_reject_their_candidates_then_end_the_run(monk
         pool.close()
 
 
+STUBBORN_WORKER = """
+import signal, sys, time
+from task_synthesis.filter import wire
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+wire.send(1, {"ready": True})
+time.sleep(600)
+"""
+
+
+def test_stop_kills_a_worker_that_ignores_sigterm_after_the_grace(monkeypatch):
+    monkeypatch.setattr("task_synthesis.filter.launch.WORKER_ARGV", ("-c", STUBBORN_WORKER))
+    pool = WorkerPool(Launcher("host", False, WorkerLimits(job_timeout_s=600)), 1)
+    verdict = pool.submit(filter_job("2:0", composed_source(0)))
+    deadline = time.monotonic() + 60
+    while not pool.start_times and time.monotonic() < deadline:  # its ready frame: SIGTERM is ignored by then
+        time.sleep(0.05)
+    (worker,) = pool._live
+    begin = time.monotonic()
+    pool.stop(grace_s=1.0)
+    took = time.monotonic() - begin
+    assert worker.process.poll() == -signal.SIGKILL  # SIGTERM was ignored: killed once the grace ran out
+    assert 1.0 <= took < 60
+    assert verdict.result(timeout=60)["stage"] == "worker"  # the job in flight ends as the worker's fault
+
+
 def test_the_cuda_workers_jail_shows_the_gpu_and_sets_no_address_space_limit(monkeypatch):
     import cuda_agent.jail as jail
 

@@ -95,6 +95,13 @@ class Worker:
         launcher.release(self.started)
 
 
+# A stopped run's workers get this long to exit through Python (closing the evaluator's children) before
+# they are killed. What they were filtering is lost either way (the journal keeps only decisions), and a
+# supervisor rarely waits long after its SIGTERM (`timeout -k 10`, `docker stop`: 10 s); on an H200 with 26
+# workers, 20 s of grace outlasted the 10 s that `timeout` gave the whole run.
+STOP_GRACE_S = 5.0
+
+
 class WorkerPool:
     def __init__(self, launcher: Launcher, count: int):
         self.launcher = launcher
@@ -121,7 +128,7 @@ class WorkerPool:
         for slot in self._slots:
             slot.join()
 
-    def stop(self, grace_s: float = 20.0) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """End every worker now (SIGTERM, then SIGKILL after `grace_s`); jobs not started are cancelled."""
         self.stopping.set()
         while True:
