@@ -12,6 +12,7 @@ micro-batches' losses and gradients gives exactly the loss and gradient of the w
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import flax.struct
@@ -222,23 +223,36 @@ def _replicated_metrics(mesh: Mesh):
     return NamedSharding(mesh, PartitionSpec())
 
 
+# Steps kept compiled per process, keyed by role, objective, mesh and the state's shardings (which carry the
+# model's graph and optimiser): a stage resumed or run again in the same process (a pipeline, an ablation,
+# a test suite) takes the step compiled before instead of tracing and compiling it again.
+STEPS_KEPT = 16
+
+
 def make_actor_step(state: TrainState, objective: ActorObjective, mesh: Mesh) -> Callable:
     """A jitted `(state, PolicyBatch) -> (state, metrics)`; the state is donated and keeps its shardings."""
-
-    def step(state: TrainState, batch: PolicyBatch):
-        with mesh_scope(mesh):  # the attention kernels lay themselves over the mesh
-            (loss, sums), grads = actor_gradients(state, batch, objective, mesh)
-        return _apply(state, grads), _finish_actor_metrics(loss, sums, grads, objective)
-
-    return jax.jit(step, donate_argnums=(0,), out_shardings=(state_shardings(state), _replicated_metrics(mesh)))
+    return _jitted_step("actor", objective, mesh, *_flat_shardings(state))
 
 
 def make_critic_step(state: TrainState, objective: CriticObjective, mesh: Mesh) -> Callable:
     """A jitted `(state, ValueBatch) -> (state, metrics)`; the state is donated and keeps its shardings."""
+    return _jitted_step("critic", objective, mesh, *_flat_shardings(state))
 
-    def step(state: TrainState, batch: ValueBatch):
-        with mesh_scope(mesh):
-            (loss, sums), grads = critic_gradients(state, batch, objective, mesh)
-        return _apply(state, grads), _finish_critic_metrics(loss, sums, grads)
 
-    return jax.jit(step, donate_argnums=(0,), out_shardings=(state_shardings(state), _replicated_metrics(mesh)))
+def _flat_shardings(state: TrainState) -> tuple[Any, tuple]:
+    leaves, treedef = jax.tree.flatten(state_shardings(state))
+    return treedef, tuple(leaves)
+
+
+@functools.lru_cache(maxsize=STEPS_KEPT)
+def _jitted_step(role: str, objective: ActorObjective | CriticObjective, mesh: Mesh, treedef, leaves: tuple):
+    gradients, finish = (actor_gradients, _finish_actor_metrics) if role == "actor" else \
+        (critic_gradients, lambda loss, sums, grads, _objective: _finish_critic_metrics(loss, sums, grads))
+
+    def step(state: TrainState, batch):
+        with mesh_scope(mesh):  # the attention kernels lay themselves over the mesh
+            (loss, sums), grads = gradients(state, batch, objective, mesh)
+        return _apply(state, grads), finish(loss, sums, grads, objective)
+
+    out_shardings = (jax.tree.unflatten(treedef, leaves), _replicated_metrics(mesh))
+    return jax.jit(step, donate_argnums=(0,), out_shardings=out_shardings)
