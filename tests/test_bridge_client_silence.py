@@ -7,6 +7,7 @@ import dataclasses
 import threading
 import time
 
+import pytest
 import zmq
 
 from bridge import protocol
@@ -22,6 +23,7 @@ class ScriptedBroker:
     """A ROUTER that accepts every submission and answers pings while `answering` is set; counts SUBMITs per job."""
 
     def __init__(self, endpoint: str):
+        self.endpoint = endpoint
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.bind(endpoint)
@@ -75,28 +77,25 @@ def _one_waiting_job(client: BridgeClient, broker: ScriptedBroker) -> str:
     return jid
 
 
-def test_a_broker_that_stops_answering_pings_gets_the_waiting_job_again():
-    endpoint = free_tcp_endpoint()
-    broker = ScriptedBroker(endpoint)
-    try:
-        with BridgeClient(endpoint, settings=SETTINGS) as client:
-            jid = _one_waiting_job(client, broker)
-            broker.answering.clear()
-            wait_for(lambda: broker.submits[jid] >= 2, timeout=10, what="the job's resubmission")
-    finally:
-        broker.close()
+@pytest.fixture
+def broker():
+    scripted = ScriptedBroker(free_tcp_endpoint())
+    yield scripted
+    scripted.close()
 
 
-def test_a_stalled_client_thread_resubmits_nothing_when_the_broker_answers():
-    endpoint = free_tcp_endpoint()
-    broker = ScriptedBroker(endpoint)
-    try:
-        with StallingClient(endpoint, settings=SETTINGS) as client:
-            jid = _one_waiting_job(client, broker)
-            pings = broker.pings
-            client.stall_s = 1.5  # five silence limits without a ping sent
-            wait_for(lambda: client.stall_s == 0.0, timeout=10, what="the stall to begin")
-            wait_for(lambda: broker.pings >= pings + 10, timeout=20, what="pings after the stall")
-            assert broker.submits == {jid: 1}
-    finally:
-        broker.close()
+def test_a_broker_that_stops_answering_pings_gets_the_waiting_job_again(broker):
+    with BridgeClient(broker.endpoint, settings=SETTINGS) as client:
+        jid = _one_waiting_job(client, broker)
+        broker.answering.clear()
+        wait_for(lambda: broker.submits[jid] >= 2, timeout=10, what="the job's resubmission")
+
+
+def test_a_stalled_client_thread_resubmits_nothing_when_the_broker_answers(broker):
+    with StallingClient(broker.endpoint, settings=SETTINGS) as client:
+        jid = _one_waiting_job(client, broker)
+        pings = broker.pings
+        client.stall_s = 1.5  # five silence limits without a ping sent
+        wait_for(lambda: client.stall_s == 0.0, timeout=10, what="the stall to begin")
+        wait_for(lambda: broker.pings >= pings + 10, timeout=20, what="pings after the stall")
+        assert broker.submits == {jid: 1}
