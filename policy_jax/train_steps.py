@@ -190,7 +190,7 @@ def _finish_actor_metrics(loss, sums, grads, objective: ActorObjective) -> dict[
     return metrics
 
 
-def _finish_critic_metrics(loss, sums, grads) -> dict[str, jax.Array]:
+def _finish_critic_metrics(loss, sums, grads, objective: CriticObjective) -> dict[str, jax.Array]:
     n = jnp.maximum(sums["tokens"], 1.0)
     var_returns = sums["returns_sq"] / n - jnp.square(sums["returns"] / n)
     var_residual = sums["residual_sq"] / n - jnp.square(sums["residual"] / n)
@@ -244,10 +244,12 @@ def _flat_shardings(state: TrainState) -> tuple[Any, tuple]:
     return treedef, tuple(leaves)
 
 
+_ROLES = {"actor": (actor_gradients, _finish_actor_metrics), "critic": (critic_gradients, _finish_critic_metrics)}
+
+
 @functools.lru_cache(maxsize=STEPS_KEPT)
 def _jitted_step(role: str, objective: ActorObjective | CriticObjective, mesh: Mesh, treedef, leaves: tuple):
-    gradients, finish = (actor_gradients, _finish_actor_metrics) if role == "actor" else \
-        (critic_gradients, lambda loss, sums, grads, _objective: _finish_critic_metrics(loss, sums, grads))
+    gradients, finish = _ROLES[role]
 
     def step(state: TrainState, batch):
         with mesh_scope(mesh):  # the attention kernels lay themselves over the mesh
