@@ -3,7 +3,9 @@ again later (the run's workers share the GPU, so the error may be its neighbours
 whose eager forward ran below the window is drawn again with its batch multiplied.
 
 The batch factor aims the expected time at 1.5 x the window's low end, assuming the time grows with
-the batch (on a GPU it grows more slowly while the device is not full, hence the margin). Parameters
+the batch (on a GPU it grows more slowly while the device is not full, hence the margin; a margin of
+3 kept no more candidates on the H200, where many sub-millisecond forwards are launches whose time
+does not grow with the batch at all: docs/task-synthesis.md). Parameters
 do not grow with the batch; the inputs and every intermediate do (compose/composer.py scales each
 shape of the plan by the factor), so the factor is also held to what keeps the planned bytes within
 the memory bound (filter/execution.check_memory counts them, again, in the worker).
