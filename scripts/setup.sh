@@ -19,14 +19,16 @@ python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
 WARM_UP_PID=
 case ",$EXTRAS," in
   *,all,*|*,evaluator,*)
-    python -m pip install -q -e . ninja  # the command and what the warm-up needs; the extras follow
+    # What the warm-up imports (the project's own requirements, read from pyproject.toml, and ninja), not the
+    # project itself: its one editable install comes with the extras below, while the warm-up runs from here.
+    python -m pip install -q ninja $(python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
     case ",$EXTRAS," in
       *,dev,*) CACHE=${CUDA_AGENT_TEST_CACHE:-$HOME/.cache/cuda-agent-tests} ;;
       *) CACHE=${CUDA_AGENT_CACHE:-$HOME/.cache/cuda-agent} ;;
     esac
     mkdir -p "$CACHE"
     echo "setup: building the evaluator's binding runtime in $CACHE while the extras install"
-    CUDA_AGENT_CACHE="$CACHE" cuda-agent fast-build --warm-up > "$CACHE/warm-up.log" 2>&1 &
+    CUDA_AGENT_CACHE="$CACHE" PYTHONPATH="$PWD" python -m cuda_agent.cli fast-build --warm-up > "$CACHE/warm-up.log" 2>&1 &
     WARM_UP_PID=$!
     ;;
 esac
