@@ -33,7 +33,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 import pytest
 
-# pytest-xdist (`-n 2 --dist loadscope`, pyproject.toml) runs "units" of tests, each whole on one worker
+# pytest-xdist (`-n 3 --dist loadscope`, pyproject.toml) runs "units" of tests, each whole on one worker
 # (pytest_xdist_make_scheduler below): a module is a unit, so its module fixtures (fleets, checkpoints,
 # compiled steps) are built once, except in these modules of independent, expensive tests that share
 # only on-disk caches, whose tests are units of their own and spread over the workers.
