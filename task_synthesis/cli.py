@@ -81,6 +81,8 @@ def synthesize(
     130 stopped (SIGTERM or Ctrl-C; the workers and their evaluator children are ended, and running again
     resumes).
     """
+    from cuda_agent.contracts import BackendError
+
     from .config import ConfigError, SynthesisConfig
     from .catalogue.store import CatalogueError
     from .compose.chat_client import EndpointError
@@ -106,7 +108,7 @@ def synthesize(
         if run.jail_note:
             _say(run.jail_note)
         run.run()
-    except (ConfigError, CatalogueError, JournalError, SynthesisError, WorkersCannotStart) as exc:
+    except (BackendError, ConfigError, CatalogueError, JournalError, SynthesisError, WorkersCannotStart) as exc:
         _fail(str(exc))
     except EndpointError as exc:
         typer.echo(f"error: {exc}; {len(run.journal.entries)} decided candidates are in the journal, "
@@ -154,14 +156,10 @@ def _start_up_line(run) -> str:
 
 
 def _backend(backend: str) -> str:
-    if backend != "auto":
-        return backend
-    try:
-        import torch
+    """auto -> cuda when the driver shows a GPU, else host; cuda without one is a BackendError (one line)."""
+    from cuda_agent.contracts import resolve_backend
 
-        return "cuda" if torch.cuda.is_available() else "host"
-    except ImportError:
-        return "host"
+    return resolve_backend(backend)
 
 
 def _report_path(out: Path) -> Path:

@@ -15,7 +15,7 @@ import pytest
 from task_synthesis.config import SynthesisConfig
 from task_synthesis.pipeline.journal import journal_path
 from task_synthesis.pipeline.outputs import write_report
-from task_synthesis.pipeline.run import RunOptions, Synthesis
+from task_synthesis.pipeline.run import RunOptions, Synthesis, SynthesisError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "tasks"
@@ -85,6 +85,26 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, message):
     assert done.returncode == 2
     errors = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith("error: ") and message in errors[0]
+
+
+def test_the_cuda_backend_without_a_gpu_is_refused_before_the_journal_is_touched(tmp_path, monkeypatch):
+    """On a machine that shows no GPU (here made so with CUDA_VISIBLE_DEVICES empty), a cuda run used to
+    reject every candidate at its load ("Torch not compiled with CUDA enabled") and journal it as
+    decided: candidates lost to the later run on a GPU. The command and the API refuse it up front, and
+    an existing journal keeps its bytes."""
+    out = tmp_path / "t.parquet"
+    journal = journal_path(out)
+    journal.write_text('{"kind": "settings"}\n')
+    before = journal.read_bytes()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    done = _cli("data", "synthesize", "--out", str(out), "--count", "3", "--backend", "cuda", "--scale", "paper")
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr
+    assert errors[0].startswith("error: backend cuda needs an NVIDIA GPU"), errors
+    options = RunOptions(out=out, count=3, config=SynthesisConfig(), backend="cuda", eval_dir=EXAMPLES)
+    with pytest.raises(SynthesisError, match="backend cuda needs an NVIDIA GPU"):
+        Synthesis(options, progress=lambda line: None)
+    assert journal.read_bytes() == before and not out.exists()
 
 
 def _descendants(root: int) -> dict[int, str]:

@@ -120,6 +120,7 @@ class Synthesis:
             raise SynthesisError("--workers must be at least 1")
         if options.out.suffix != ".parquet":
             raise SynthesisError(f"--out must name a .parquet file, got {options.out}")
+        _check_backend(options.backend)
         self.o, self.say = options, progress
         self.jailed, self.jail_note = workers_jailed(options)
         self.limits = options.worker_limits or WorkerLimits.for_backend(options.backend)
@@ -405,6 +406,17 @@ class Synthesis:
         else:
             self.jobs[entry["key"]] = job
             filtering[self.pool.submit(job)] = entry
+
+
+def _check_backend(backend: str) -> None:
+    """Before the journal is opened: a cuda run on a machine without a GPU would reject every candidate
+    at its first step and record those rejections as decided, lost to a later run on a GPU."""
+    from cuda_agent.contracts import visible_gpu_count
+
+    if backend not in ("cuda", "host"):
+        raise SynthesisError(f"the backend must be cuda or host, got {backend!r}")
+    if backend == "cuda" and visible_gpu_count() == 0:
+        raise SynthesisError("backend cuda needs an NVIDIA GPU and this machine shows none; use --backend host or auto")
 
 
 def _composer(options: RunOptions, operators: list[dict]):
