@@ -411,12 +411,14 @@ class Synthesis:
 def _check_backend(backend: str) -> None:
     """Before the journal is opened: a cuda run on a machine without a GPU would reject every candidate
     at its first step and record those rejections as decided, lost to a later run on a GPU."""
-    from cuda_agent.contracts import visible_gpu_count
+    from cuda_agent.contracts import BackendError, resolve_backend
 
     if backend not in ("cuda", "host"):
-        raise SynthesisError(f"the backend must be cuda or host, got {backend!r}")
-    if backend == "cuda" and visible_gpu_count() == 0:
-        raise SynthesisError("backend cuda needs an NVIDIA GPU and this machine shows none; use --backend host or auto")
+        raise SynthesisError(f"the backend must be cuda or host (auto resolved first), got {backend!r}")
+    try:
+        resolve_backend(backend)  # the commands' shared rule: cuda needs a GPU the driver shows
+    except BackendError as exc:
+        raise SynthesisError(str(exc)) from None
 
 
 def _composer(options: RunOptions, operators: list[dict]):
