@@ -25,6 +25,11 @@ H200_PEAK_BANDWIDTH = 4.3e12  # HBM bytes/s measured on an H200 (docs/paper.md Â
 DEFAULT_ARCH_LIST = "9.0"  # Hopper (H100/H200/H20)
 CHILD_FILE_SIZE_BYTES = 8 * 1024**3  # RLIMIT_FSIZE of a child: the largest file it may write
 CHILD_OPEN_FILES = 4096  # RLIMIT_NOFILE of a child
+# The host backend's milestone margin. The candidate and eager are timed in two processes, and on a CPU
+# the same code's median differs between two processes by up to about 20 % while each is precise to
+# 2.5 %, so at the paper's 5 % the unchanged reference was scored faster than itself (docs/evaluation.md,
+# "The host's margin"). The medians' precision bound stays the paper's (PAPER_MARGIN / 2).
+HOST_MARGIN = 0.25
 
 
 def cache_root() -> Path:
@@ -142,14 +147,16 @@ class EvalSettings:
 
     @classmethod
     def for_backend(cls, backend: str, **overrides) -> "EvalSettings":
-        """Defaults for a backend (`auto` resolved here); the host backend times fewer calls (2 warm-ups, 5 timed)."""
+        """Defaults for a backend (`auto` resolved here); the host backend times fewer calls (2 warm-ups, 5
+        timed) and rewards a speed-up beyond HOST_MARGIN."""
         if backend not in BACKEND_CHOICES:
             raise ValueError(f"unknown backend {backend!r} (expected one of {', '.join(BACKEND_CHOICES)})")
         if backend == AUTO_BACKEND:
             backend = resolve_backend(backend)
         base = {"backend": backend}
         if backend == "host":
-            base.update(warmup=2, repeats=5, l2_flush_bytes=host_cache_flush_bytes())
+            base.update(warmup=2, repeats=5, l2_flush_bytes=host_cache_flush_bytes(), margin=HOST_MARGIN,
+                        timing_se_bound=PAPER_MARGIN / 2)
         base.update(overrides)
         return cls(**base)
 

@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
+from cuda_agent.contracts import PAPER_MARGIN
 from evaluator_cuda.evaluation import evaluate
+from evaluator_cuda.settings import HOST_MARGIN, EvalSettings
 from evaluator_cuda.solutions import reference_solution
 from evaluator_cuda.timing.profile import median_rel_se, summarize_times
 from evaluator_cuda.timing.stability import baseline_recheck, drift_reason, eager_drift, unstable_times
@@ -27,6 +29,14 @@ def test_the_medians_standard_error_follows_the_spread_and_the_count():
     assert unstable_times({"eager": steady, "candidate": noisy}, 0.025).startswith("timing unstable")
     assert "candidate" in unstable_times({"eager": steady, "candidate": noisy}, 0.025)
     assert unstable_times({"eager": steady, "compile": None, "planted": {"median_us": 1.0}}, 0.025) is None
+
+
+def test_the_host_rewards_beyond_its_own_margin_and_keeps_the_papers_precision_bound():
+    host_settings, cuda_settings = EvalSettings.for_backend("host"), EvalSettings.for_backend("cuda")
+    assert cuda_settings.margin == PAPER_MARGIN == 0.05 and HOST_MARGIN == 0.25
+    assert host_settings.margin == HOST_MARGIN and host_settings.timing_se_bound == PAPER_MARGIN / 2
+    assert EvalSettings.for_backend("host", margin=0.1).margin == 0.1  # an explicit margin wins
+    assert EvalSettings.from_dict(host_settings.to_dict()) == host_settings
 
 
 def test_a_cached_eager_time_is_stale_beyond_the_margin_and_three_standard_errors():
@@ -87,7 +97,8 @@ def test_imprecise_times_earn_no_speed_up_and_are_not_cached(build_cache, tmp_pa
 
 def test_the_unchanged_reference_earns_no_speed_up_under_load(build_cache, tmp_path):
     """Self-check beside a busy process on every CPU: the reference against itself is never scored
-    faster than eager (the noise either stays inside the margin or withholds the reward)."""
+    faster than eager (the noise either stays inside the host's margin or withholds the reward). Its
+    speed-up over paired eager has ranged 0.96-1.21 here, so only the reward is asserted."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:
         record = evaluate(AXPY_TASK, reference_solution("axpy"), host(str(tmp_path), profile=True))
@@ -97,8 +108,7 @@ def test_the_unchanged_reference_earns_no_speed_up_under_load(build_cache, tmp_p
             hog.wait()
     assert record["status"] == "correct", record["message"]
     assert record["reward"] == 1, (record["speedup"], record.get("speedup_withheld"))
-    if not record.get("speedup_withheld"):
-        assert 0.9 <= record["speedup"]["eager"] <= 1.1
+    assert record["margin"] == HOST_MARGIN
     times = record["times_us"]  # eager was timed call by call beside the candidate's calls
     assert times["eager"]["paired"] and times["eager"]["n"] == times["candidate"]["n"]
     assert times["eager_baseline"]["median_us"] > 0
@@ -179,7 +189,7 @@ def test_imprecise_times_withhold_only_the_reward_the_noise_could_have_made():
     from evaluator_cuda.settings import EvalSettings
     from evaluator_cuda.verdict.record import finish, new_record
 
-    settings = EvalSettings.for_backend("host", profile=True)
+    settings = EvalSettings.for_backend("host", profile=True, margin=PAPER_MARGIN)  # the figures are for 5 %
     calls = SimpleNamespace(outside=[], walls=[], times=[], timed_positions=[])
     records = []
     for eager, compiled in ((163265, 28510), (163265, 120000), (38330, 28510)):
