@@ -36,7 +36,7 @@ def test_splash_outputs_and_gradients_match_the_plain_path():
     weights = jnp.asarray(np.random.default_rng(1).standard_normal(got.shape), jnp.float32) * valid[:, :, None, None]
     loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v, seg) * weights)  # noqa: E731
     grads = jax.jit(jax.grad(loss(_splash), argnums=(0, 1, 2)))(q, k, v)
-    grads_want = jax.grad(loss(_plain), argnums=(0, 1, 2))(q, k, v)
+    grads_want = jax.jit(jax.grad(loss(_plain), argnums=(0, 1, 2)))(q, k, v)
     for g, w in zip(grads, grads_want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=5e-5, rtol=0)
 
@@ -48,7 +48,7 @@ def test_all_kernels_agree_within_bfloat16_tolerance():
     low = [x.astype(jnp.bfloat16) for x in (q, k, v)]
     outputs = {
         "plain": _plain(*low, seg),
-        "blockwise": blockwise_attention(*low, seg, block_size=64),
+        "blockwise": jax.jit(lambda q, k, v: blockwise_attention(q, k, v, seg, block_size=64))(*low),
         "splash": jax.jit(_splash)(*low, seg),
     }
     for name, out in outputs.items():

@@ -22,15 +22,16 @@ _plain = plain_attention
 def test_outputs_and_gradients_match_the_plain_path(block_size):
     q, k, v, seg = _inputs()
     valid = np.asarray(seg) != 0
-    got = blockwise_attention(q, k, v, seg, block_size=block_size)
-    want = _plain(q, k, v, seg)
+    blocked = jax.jit(lambda q, k, v: blockwise_attention(q, k, v, seg, block_size=block_size))
+    plain = jax.jit(lambda q, k, v: _plain(q, k, v, seg))
+    got, want = blocked(q, k, v), plain(q, k, v)
     np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=2e-5, rtol=0)
     assert np.all(np.asarray(got)[~valid] == 0)  # a padding query sees nothing: zeros
 
     weights = jnp.asarray(np.random.default_rng(1).standard_normal(got.shape), jnp.float32) * jnp.asarray(valid)[:, :, None, None]
     loss = lambda fn: lambda q, k, v: jnp.sum(fn(q, k, v) * weights)  # noqa: E731
-    grads = jax.grad(loss(lambda q, k, v: blockwise_attention(q, k, v, seg, block_size=block_size)), argnums=(0, 1, 2))(q, k, v)
-    grads_want = jax.grad(loss(lambda q, k, v: _plain(q, k, v, seg)), argnums=(0, 1, 2))(q, k, v)
+    grads = jax.jit(jax.grad(loss(blocked), argnums=(0, 1, 2)))(q, k, v)
+    grads_want = jax.jit(jax.grad(loss(plain), argnums=(0, 1, 2)))(q, k, v)
     for g, w in zip(grads, grads_want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=5e-5, rtol=0)
 
@@ -72,8 +73,8 @@ def test_the_model_gives_the_same_logits_and_gradients_with_blockwise_attention(
     valid = np.asarray(seg) != 0
     np.testing.assert_allclose(np.asarray(forward(blocked, tokens, seg))[valid], np.asarray(forward(plain, tokens, seg))[valid], atol=1e-4, rtol=0)
     loss = lambda m: jnp.sum(jnp.where(seg[..., None] != 0, m(tokens, None, seg), 0.0) ** 2)  # noqa: E731
-    g_blocked = nnx.grad(loss)(blocked)
-    g_plain = nnx.grad(loss)(plain)
+    gradient = nnx.jit(nnx.grad(loss))
+    g_blocked, g_plain = gradient(blocked), gradient(plain)
     for a, b in zip(jax.tree.leaves(g_blocked), jax.tree.leaves(g_plain)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-3, rtol=1e-4)
 
@@ -101,8 +102,8 @@ def test_context_parallel_attention_on_eight_devices_equals_the_unsharded_result
     np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=2e-5, rtol=0)
 
     weights = jnp.asarray(np.random.default_rng(4).standard_normal(got.shape), jnp.float32) * jnp.asarray(valid)[:, :, None, None]
-    grads = jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, put(seg)) * weights), argnums=(0, 1, 2))(put(q), put(k), put(v))
-    grads_want = jax.grad(lambda q, k, v: jnp.sum(_plain(q, k, v, seg) * weights), argnums=(0, 1, 2))(q, k, v)
+    grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, put(seg)) * weights), argnums=(0, 1, 2)))(put(q), put(k), put(v))
+    grads_want = jax.jit(jax.grad(lambda q, k, v: jnp.sum(_plain(q, k, v, seg) * weights), argnums=(0, 1, 2)))(q, k, v)
     for g, w in zip(grads, grads_want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=5e-5, rtol=0)
     with pytest.raises(ValueError, match="does not split over 4 devices"):
