@@ -258,7 +258,9 @@ def test_a_static_initialiser_cannot_enter_other_namespaces(build_cache, tmp_pat
 def test_a_loop_in_forward_is_stopped_by_the_call_limit(build_cache):
     forward = "while True:\n    pass"
     begin = time.monotonic()
-    record = evaluate(AXPY_TASK, workspace(model_new=model_new_with(forward)), _settings(build_cache))
+    # the first call's limit: 100x the reference's call plus 2 s (default 15 s: a loop burns a CPU that long)
+    settings = _settings(build_cache, call_timeout_extra_s=1.0, first_call_extra_s=1.0)
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_with(forward)), settings)
     took = time.monotonic() - begin
     assert record["status"] == "runtime_error" and "no answer" in record["message"]
     assert record["call_timeout_s"] < 60
