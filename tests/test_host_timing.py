@@ -10,7 +10,7 @@ import pytest
 
 from cuda_agent.contracts import PAPER_MARGIN
 from evaluator_cuda.evaluation import evaluate
-from evaluator_cuda.settings import HOST_MARGIN, EvalSettings
+from evaluator_cuda.settings import HOST_MARGIN, EvalSettings, host_cache_flush_bytes
 from evaluator_cuda.solutions import reference_solution
 from evaluator_cuda.timing.profile import median_rel_se, summarize_times
 from evaluator_cuda.timing.stability import baseline_recheck, drift_reason, eager_drift, unstable_times
@@ -142,7 +142,6 @@ def test_host_calls_are_paired_with_eager_calls_on_the_same_machine_moment():
     it, in turn: a machine that halves its speed halfway through leaves the ratio at exactly 1, where
     eager timed in a round before the calls (at the fast speed) would make the candidate 0.67x."""
     from evaluator_cuda import evaluation
-    from evaluator_cuda.settings import EvalSettings
 
     settings = EvalSettings.for_backend("host", profile=True, checks=2, warmup=2, repeats=8)
     timed = evaluation._TimedSets(seeds=[1, 2], inputs=[[], []], calls=settings.warmup + settings.repeats, set_bytes=0)
@@ -186,7 +185,6 @@ def test_imprecise_times_withhold_only_the_reward_the_noise_could_have_made():
     from types import SimpleNamespace
 
     from evaluator_cuda.gpu_work import withhold_unbelievable_times
-    from evaluator_cuda.settings import EvalSettings
     from evaluator_cuda.verdict.record import finish, new_record
 
     settings = EvalSettings.for_backend("host", profile=True, margin=PAPER_MARGIN)  # the figures are for 5 %
@@ -210,7 +208,6 @@ def test_imprecise_times_withhold_only_the_reward_the_noise_could_have_made():
     ({}, 64),                                                         # nothing readable: 64 MiB
 ])
 def test_the_host_flush_is_twice_the_last_level_cache(tmp_path, sizes, expected_mib):
-    from evaluator_cuda.settings import host_cache_flush_bytes
 
     for index, size in sizes.items():
         (tmp_path / index).mkdir()
@@ -221,7 +218,6 @@ def test_the_host_flush_is_twice_the_last_level_cache(tmp_path, sizes, expected_
 def test_host_baselines_and_candidate_calls_flush_the_same_bytes_before_each_call():
     """Both children zero the settings' buffer before every timed call: the baselines' requests carry
     its size, and a host evaluation's settings have one (twice the last-level cache)."""
-    from evaluator_cuda.settings import EvalSettings, host_cache_flush_bytes
     from evaluator_cuda.timing import host_baselines
     from evaluator_cuda.timing.profile import flush_buffer
 
