@@ -58,8 +58,9 @@ atexit.register(_STANDBY.close)
 
 def keep_children_warm(enabled: bool = True) -> None:
     """Keep the next evaluation's children started and warm (torch imported, CUDA context made)
-    while this process is between evaluations or finishing one, and fork reference children from a
-    server that imported torch once (isolation/forkserver.py). For long-lived callers."""
+    while this process is between evaluations or finishing one, and fork children from servers that
+    imported torch once (isolation/forkserver.py: the reference children from one, the jailed
+    candidate and build children from another, each jailed after the fork). For long-lived callers."""
     global _keep_warm
     _keep_warm = enabled
     if enabled:
@@ -179,6 +180,7 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
     solution_dir = _read_only_copy(solution, task, slot.workdir / "solution")
     record["sandbox"] = {k: v for k, v in slot.guard.items() if k not in ("command_prefix", "jail_protections")}
     record["sandbox"]["reference_forked"] = slot.reference.forked  # from the fork server, torch imported
+    record["sandbox"]["candidate_forked"] = slot.candidate.forked  # from its own server, jailed after the fork
     if slot.candidate.protections is not None:
         record["sandbox"]["jail"] = slot.candidate.protections
     begin = time.perf_counter()

@@ -1,6 +1,7 @@
 """Reference children forked from the fork server (evaluator_cuda/isolation/forkserver.py): set up as a
 fresh reference child would be, holding no descriptor but their own, reporting how they ended, and
-falling back to a fresh process whenever the server cannot serve. Candidate children are never forked."""
+falling back to a fresh process whenever the server cannot serve. Jailed children forked from their
+own server: tests/test_evaluator_jailed_fork.py."""
 
 import os
 import signal
@@ -113,21 +114,15 @@ def test_an_evaluation_with_a_forked_reference_agrees_with_a_fresh_one(build_cac
 
 
 def test_a_dead_server_is_replaced_and_its_children_start_fresh_meanwhile(build_cache, tmp_path, forking):
-    evaluate(AXPY_TASK, workspace("+"), host(build_cache))  # starts the server for the evaluations' environment
+    evaluate(AXPY_TASK, workspace("+"), host(build_cache))  # starts the servers for the evaluations' environments
     _wait_until_ready()
-    [server] = forkserver.servers()
-    server.proc.kill()
-    server.proc.wait(timeout=30)
+    dead = forkserver.servers()
+    assert len(dead) == 2  # the reference children's and the jailed children's
+    for server in dead:
+        server.proc.kill()
+        server.proc.wait(timeout=30)
     record = evaluate(AXPY_TASK, workspace("+"), host(build_cache))
     assert record["status"] == "correct", record["message"]
-    assert record["sandbox"]["reference_forked"] is False  # started fresh
-    assert server not in forkserver.servers()  # dropped, and a new one started for the next child
-    assert len(forkserver.servers()) == 1
-
-
-def test_candidate_children_are_never_forked(build_cache, tmp_path, forking):
-    _forked_child(tmp_path / "warm").close()
-    folder = tmp_path / "candidate"
-    folder.mkdir()
-    with sandbox.Child("candidate", folder, guard=sandbox.child_guard(host(build_cache))) as child:
-        assert child.forked is False and not isinstance(child.proc, forkserver.ForkedProcess)
+    assert record["sandbox"]["reference_forked"] is False and record["sandbox"]["candidate_forked"] is False
+    assert not set(dead) & set(forkserver.servers())  # dropped, and new ones started for the next children
+    assert len(forkserver.servers()) == 2

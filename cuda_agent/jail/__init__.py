@@ -69,7 +69,7 @@ MiB = 1024 * 1024
 
 __all__ = [
     "Bind", "SYSTEM_DIRS", "Limits", "JailSpec", "JailCommand", "JailError", "JailUnavailable", "jail_command", "protections",
-    "probe", "python_binds", "gpu_devices", "nvidia_library_binds", "seccomp_program", "REFUSED_SYSCALLS", "SETUP_FAILED",
+    "probe", "python_binds", "PLAN_ENV", "gpu_devices", "nvidia_library_binds", "seccomp_program", "REFUSED_SYSCALLS", "SETUP_FAILED",
 ]
 
 

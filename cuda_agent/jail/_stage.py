@@ -17,7 +17,8 @@ command line stays free of the command and its settings). Three processes:
   command  a new session; groups, gid and uid of the plan; no capability in any set (bounding
          set emptied, checked in /proc/self/status before exec); no_new_privs; rlimits; only
          the inherited fds the plan names; the seccomp filter below; then exec with the plan's
-         environment and nothing else.
+         environment and nothing else (or, where the stage runs in a process forked from one that
+         has imported the command's program already, that program's entry function: run()).
 
 Exit codes of the stage itself: SETUP_FAILED (125) when the jail could not be built (the reason
 is on stderr, prefixed "jail: "), 126/127 when the command cannot be executed / is not found.
@@ -369,9 +370,10 @@ def _arm_parent_death(alive_fd: int | None) -> None:
             pass
 
 
-def _run_command(plan: dict, exec_fd: int) -> None:
+def _run_command(plan: dict, exec_fd: int, then=None) -> None:
     """In `command`: never returns. `exec_fd` is a close-on-exec pipe whose closing tells init
-    that this process has dropped its privileges (or ended)."""
+    that this process has dropped its privileges (or ended). `then(plan)`, where given, runs in
+    place of the exec once every layer is in place (see run())."""
     try:
         _release_signals()
         os.setsid()
@@ -393,7 +395,13 @@ def _run_command(plan: dict, exec_fd: int) -> None:
             _prctl(PR_SET_NO_NEW_PRIVS, 1, what="no_new_privs")
     except (SetupError, OSError) as error:
         _fail(f"jail: {error}", SETUP_FAILED)
-    _exec(plan["argv"], plan["env"])
+    if then is None:
+        _exec(plan["argv"], plan["env"])
+    os.close(exec_fd)  # what the exec would have closed: init learns that the drop is done
+    try:
+        then(plan)
+    finally:
+        os._exit(1)  # `then` ends the process itself; this is for one that returns or raises
 
 
 def _exec(argv: list[str], env: dict) -> None:
@@ -462,7 +470,7 @@ def _supervise(pid: int) -> int:
                 break
 
 
-def _init(plan: dict, alive_fd: int, report_fd: int) -> None:
+def _init(plan: dict, alive_fd: int, report_fd: int, then=None) -> None:
     """pid 1 of the jail (or the supervisor without namespaces): never returns."""
 
     def report(message: dict, code: int) -> None:
@@ -484,7 +492,7 @@ def _init(plan: dict, alive_fd: int, report_fd: int) -> None:
     if pid == 0:
         os.close(report_fd)
         os.close(exec_read)
-        _run_command(plan, exec_write)
+        _run_command(plan, exec_write, then)
     os.close(exec_write)
     # The init keeps no privilege either, but drops it only once the command has (a signal it
     # forwards from a lower uid to a command still at a higher one would be refused); its
@@ -525,7 +533,15 @@ def _user_namespace_maps(uid: int, gid: int) -> None:
 
 
 def main() -> None:
-    plan = json.loads(os.environ.pop(PLAN_ENV))
+    run(json.loads(os.environ.pop(PLAN_ENV)))
+
+
+def run(plan: dict, then=None) -> None:
+    """Be `outer` for `plan`: never returns. Without `then`, the command execs plan["argv"]; with it,
+    the command calls `then(plan)` instead, in this program's memory (a process forked from one that
+    imported what the command needs: evaluator_cuda/roles/forkserver.py). The caller must be a fresh
+    fork that holds no descriptor the command may not see beyond plan["pass_fds"] and 0-2 (the
+    command closes the rest too), and `then` must end the process (os._exit)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the stage mirrors a crash; no core file of it
     try:
         if plan["die_with_parent"]:
@@ -553,7 +569,7 @@ def main() -> None:
     if pid == 0:
         os.close(alive_write)
         os.close(report_read)
-        _init(plan, alive_read, report_write)
+        _init(plan, alive_read, report_write, then)
     os.close(alive_read)
     os.close(report_write)
     try:

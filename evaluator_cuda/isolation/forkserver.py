@@ -8,8 +8,11 @@ forks one child per request; each fork becomes what the fresh process would have
 session, working folder, log as stdout and stderr, the channel as its only other descriptor, the
 request's environment: see roles/forkserver.py).
 
-Only the reference role is forked: it runs the task's own code, which the evaluator trusts. The
-candidate and build children run untrusted code and always start fresh, in the jail.
+The candidate and build children, which run untrusted code, are forked as well, but only from a
+server of their own, started with exactly the environment their jail gives them (never the
+evaluator's), and each builds its jail after the fork, before anything of the candidate loads: the
+same namespaces, view, uid, capability drop, rlimits and seccomp filter as a jail started fresh
+(spawn_jailed; roles/forkserver.py says what differs).
 
 Used where `enabled()`: a long-lived caller turns it on (evaluation.keep_children_warm), or the
 environment variable FORK_ENV says so ("1" or "0", over what the caller chose). A server is keyed by
@@ -33,7 +36,8 @@ FORK_ENV = "CUDA_AGENT_FORK_REFERENCE"
 CONTROL_FD_ENV = "CUDA_AGENT_FORKSERVER_FD"
 PARENT_ENV = "CUDA_AGENT_FORKSERVER_PARENT"  # "<pid>" or "<pid>:thread" (started by another thread)
 SERVER_MODULE = "evaluator_cuda.roles.forkserver"
-MAX_SERVERS = 2
+MAX_SERVERS = 3  # the reference children's, the candidate and build children's, one more while settings change
+JAILED_ROLES = ("candidate", "build")
 REPLY_TIMEOUT_S = 60.0  # a fork and a reply; a server that takes longer is closed and not used again
 # What differs from one reference child to the next and is read after the fork, never at import.
 PER_CHILD = ("CUDA_AGENT_CHANNEL_FD", "CUDA_AGENT_CHILD_LIMITS", "CUDA_AGENT_CHILD_WARM", "CUDA_AGENT_SLOT_DIR",
@@ -101,7 +105,7 @@ class ForkedProcess:
 
 
 class ForkServer:
-    """One server process; spawn() forks a reference child from it (thread-safe)."""
+    """One server process; spawn() forks a child from it (thread-safe)."""
 
     def __init__(self, env: dict[str, str]):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -129,13 +133,14 @@ class ForkServer:
                     self.ready = json.loads(self._sock.recv(4096) or b"{}").get("ready") is True
         return self.ready and self.proc.poll() is None
 
-    def spawn(self, cwd: str, env: dict[str, str], channel_fd: int, log_fd: int) -> ForkedProcess:
-        """A reference child in `cwd` with environment `env`, `channel_fd` as its channel and `log_fd`
-        as stdout and stderr. OSError when the server cannot fork it (the caller starts it fresh)."""
+    def spawn(self, request: dict, channel_fd: int, log_fd: int) -> ForkedProcess:
+        """A child for `request` ({"cwd", "env"} of a reference child, or {"role", "plan"} of a jailed
+        one), `channel_fd` as its channel and `log_fd` as stdout and stderr. OSError when the server
+        cannot fork it (the caller starts it fresh)."""
         status, theirs = socket.socketpair()
         try:
             with self._lock:
-                request = json.dumps({"cwd": cwd, "env": env}).encode()
+                request = json.dumps(request).encode()
                 socket.send_fds(self._sock, [request], [channel_fd, log_fd, theirs.fileno()])
                 readable, _, _ = select.select([self._sock], [], [], REPLY_TIMEOUT_S)
                 reply = json.loads(self._sock.recv(65536) or b"{}") if readable else {}
@@ -170,7 +175,11 @@ _servers: dict[tuple, ForkServer] = {}
 _servers_lock = threading.Lock()
 
 
-def server_key(env: dict[str, str]) -> tuple:
+def server_key(env: dict[str, str], jailed: bool = False) -> tuple:
+    """A reference server's key: the variables read at start-up. A jailed children's server is keyed
+    by its whole environment (the jail's, nothing else)."""
+    if jailed:
+        return ("jailed", sys.executable, tuple(sorted((k, v) for k, v in env.items() if k not in PER_CHILD)))
     return (sys.executable, tuple(sorted((k, v) for k, v in env.items()
                                          if k.startswith(STARTUP_PREFIXES) and k not in PER_CHILD)))
 
@@ -179,7 +188,20 @@ def spawn_reference(cwd: str, env: dict[str, str], channel_fd: int, log_fd: int)
     """The reference child forked from the server for `env`, or None when it cannot be: the server is
     still importing (it was started now if there was none, or a new one replaced a dead one) or it
     failed to fork (it is closed). The caller then starts a fresh child."""
-    key = server_key(env)
+    return _spawn(server_key(env), env, {"cwd": cwd, "env": env}, channel_fd, log_fd)
+
+
+def spawn_jailed(role: str, plan: dict, channel_fd: int, log_fd: int) -> ForkedProcess | None:
+    """A candidate or build child jailed by `plan` (cuda_agent.jail's, as the stage would get it),
+    forked from a server started with the plan's environment; None when it cannot be (as for
+    spawn_reference). The plan's working folder, uid, binds, limits and cgroup are its own."""
+    if role not in JAILED_ROLES:
+        raise ValueError(f"only {', '.join(JAILED_ROLES)} children are jailed, not {role!r}")
+    env = plan["env"]
+    return _spawn(server_key(env, jailed=True), env, {"role": role, "plan": plan}, channel_fd, log_fd)
+
+
+def _spawn(key: tuple, env: dict[str, str], request: dict, channel_fd: int, log_fd: int) -> ForkedProcess | None:
     dead = None
     with _servers_lock:
         server = _servers.get(key)
@@ -192,7 +214,7 @@ def spawn_reference(cwd: str, env: dict[str, str], channel_fd: int, log_fd: int)
     if server is None or not server.is_ready():
         return None
     try:
-        return server.spawn(cwd, env, channel_fd, log_fd)
+        return server.spawn(request, channel_fd, log_fd)
     except (OSError, ValueError):
         _drop(key, server)
         return None

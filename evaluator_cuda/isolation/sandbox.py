@@ -16,14 +16,17 @@ Without the jail (jails_children() False: the setting, or the cuda backend's def
 machine that cannot build it while it is not required) the child gets rlimits and, where
 `unshare` works, its own network namespace.
 EvaluationSlot / StandbySlots start an evaluation's two children ahead of their work,
-warming (torch imported, CUDA context made). A reference child (trusted: it runs the task's own
-code) may instead be forked from a server that has imported torch (forkserver.py).
+warming (torch imported, CUDA context made). Where forking is on (forkserver.py), children are
+forked from a server that has imported torch instead of starting fresh: a reference child (trusted:
+it runs the task's own code) from one started with the evaluator's environment, a jailed child
+from one started with its jail's environment, building its jail after the fork.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import resource
 import shutil
@@ -201,14 +204,17 @@ class Child:
         self._cgroup = None  # the jail's memory and pids cgroup, removed by kill()
         self._log = None
         try:
+            plan = None
             if jailed:
-                argv, popen_env = self._jailed_command(jail_settings, argv, child_env, binds, child_sock.fileno())
+                argv, popen_env, plan = self._jailed_command(jail_settings, argv, child_env, binds, child_sock.fileno())
             else:
                 argv = [*guard.get("command_prefix", []), *argv]
             self._log = open(self.log_path, "ab")
             forked = None
-            if role == "reference" and not guard and forkserver.enabled():  # trusted: forked, torch imported
+            if forkserver.enabled() and role == "reference" and not guard:  # trusted: forked, torch imported
                 forked = forkserver.spawn_reference(cwd, popen_env, child_sock.fileno(), self._log.fileno())
+            elif forkserver.enabled() and plan is not None and role in forkserver.JAILED_ROLES:  # jailed after the fork
+                forked = forkserver.spawn_jailed(role, plan, child_sock.fileno(), self._log.fileno())
             self.forked = forked is not None
             self.proc = forked or subprocess.Popen(
                 argv,
@@ -243,7 +249,7 @@ class Child:
             spec = dataclasses.replace(spec, cgroup_procs=self._cgroup.procs_files)
         command = jail_mod.jail_command(spec, argv)
         self.protections = {**command.protections, "memory_cgroup": cgroup_record}
-        return command.argv, command.env
+        return command.argv, command.env, json.loads(command.env[jail_mod.PLAN_ENV])
 
     def log_tail(self, max_chars: int = 4000) -> str:
         try:
