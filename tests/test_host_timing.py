@@ -50,10 +50,13 @@ def test_a_cached_eager_time_is_stale_beyond_the_margin_and_three_standard_error
     check = baseline_recheck(cached, {"median_us": 115.0, "median_rel_se": 0.03}, 0.05)
     assert check["stale"] is False and check["allowed_log_ratio"] == pytest.approx(0.15)
     assert baseline_recheck(cached, {"median_us": 120.0, "median_rel_se": 0.03}, 0.05)["stale"] is True
-    # a sample too noisy to confirm anything (3 x 0.3 = 0.9 > ln 2) sends the baselines to be measured again
+    # a sample too noisy to confirm anything (3 x 0.3 = 0.9 > ln 2) sends the baselines to be measured again;
+    # the cached median's own noise does not (it was bounded when it was stored)
     check = baseline_recheck(cached, {"median_us": 100.0, "median_rel_se": 0.3}, 0.05)
     assert check["stale"] is True and check["too_noisy"] is True
     assert baseline_recheck(cached, {"median_us": 100.0, "median_rel_se": 0.2}, 0.05)["too_noisy"] is False
+    check = baseline_recheck({"median_us": 100.0, "median_rel_se": 0.5}, quiet(100.0), 0.05)
+    assert check["stale"] is False and check["too_noisy"] is False
     # a summary without the figure counts as exact
     assert baseline_recheck({"median_us": 1e9}, quiet(50.0), 0.05)["ratio"] == pytest.approx(5e-8)
 

@@ -73,8 +73,9 @@ def _disagreement(first: dict, second: dict, margin: float) -> tuple[float, floa
     return ratio, allowed, abs(math.log(ratio)) > allowed
 
 
-# A fresh sample whose noise would let the cached median be more than twice or less than half of it
-# confirms nothing (its calls were descheduled, say): the cached times are not used on its word.
+# A fresh sample whose own noise would let the cached median be more than twice or less than half of
+# it confirms nothing (its calls were descheduled, say): the cached times are not used on its word. (The
+# cached median's noise was bounded when it was stored: timing_se_bound.)
 RECHECK_MAX_LOG_RATIO = math.log(2.0)
 
 
@@ -82,9 +83,9 @@ def baseline_recheck(cached: dict, fresh: dict, margin: float) -> dict:
     """A cached eager time against a fresh sample of the same calls, taken in this evaluation. The
     cached one is stale (timed under another load, or on a machine that has changed since) when the
     two disagree: a baseline that is too slow would turn an unchanged reference into a speed-up. It
-    is measured again as well when the pair's noise is too wide for the sample to confirm anything."""
+    is measured again as well when the sample's own noise is too wide for it to confirm anything."""
     ratio, allowed, stale = _disagreement(cached, fresh, margin)
-    too_noisy = allowed > RECHECK_MAX_LOG_RATIO
+    too_noisy = 3.0 * (fresh.get("median_rel_se") or 0.0) > RECHECK_MAX_LOG_RATIO
     return {"cached_us": cached["median_us"], "fresh_us": fresh["median_us"], "ratio": float(f"{ratio:.4g}"),
             "allowed_log_ratio": round(allowed, 4), "too_noisy": too_noisy, "stale": stale or too_noisy}
 
