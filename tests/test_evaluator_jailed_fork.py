@@ -126,6 +126,8 @@ def test_a_forked_candidate_is_jailed_as_a_fresh_one_is(build_cache, tmp_path, f
         [server] = [s for s in forkserver.servers() if s.proc.pid == int(_stat(forked.proc.pid)[1])]
         jails = {}
         for name, child in (("forked", forked), ("fresh", fresh)):
+            # a reply: its imports are done and it waits for requests (its descriptors stay as they are)
+            assert "unknown command" in child.request({"cmd": "describe_yourself"}, timeout=120)["message"]
             jail = _jail_of(child)
             uid = str(child._claimed_uid)
             assert jail.pop("uid") == [uid] * 4 and jail.pop("gid") == [uid] * 4  # its own uid, claimed for it
