@@ -130,6 +130,33 @@ class ModelNew(torch.nn.Module):
 """
 
 
+def model_new_showing(expression: str) -> str:
+    """A model_new.py whose import fails with `expression`'s value in the message (what reaches the
+    record and the agent), or with the error it raised."""
+    return model_new_with("return cuda_extension.axpy_forward(x, y, float(self.alpha))", prelude=f"""
+import os
+def _shown():
+    try:
+        return repr({expression})
+    except Exception as exc:
+        return "refused: " + repr(exc)
+raise RuntimeError("SHOWN " + _shown())
+""")
+
+
+def _forking(monkeypatch):
+    """Forking on (reference and jailed children), and only the fork servers this test starts."""
+    from evaluator_cuda.isolation import forkserver
+
+    forkserver.close_all()
+    monkeypatch.setenv(forkserver.FORK_ENV, "1")
+    yield
+    forkserver.close_all()
+
+
+forking = pytest.fixture(name="forking")(_forking) if pytest else _forking
+
+
 def kernel_with(body: str) -> str:
     """A host axpy kernel file whose loop body is `body` (variables: x, y, out, a, n, i)."""
     return KERNEL.replace("for (int64_t i = 0; i < n; ++i) out[i] = a * x[i] OP y[i];", body)

@@ -14,16 +14,7 @@ pytest.importorskip("torch")
 
 from evaluator_cuda.evaluation import evaluate  # noqa: E402
 from evaluator_cuda.isolation import forkserver, sandbox  # noqa: E402
-from evaluator_helpers import AXPY_TASK, build_cache, host, workspace  # noqa: E402, F401
-
-
-@pytest.fixture
-def forking(monkeypatch):
-    """Forking on, and only the servers this test starts."""
-    forkserver.close_all()
-    monkeypatch.setenv(forkserver.FORK_ENV, "1")
-    yield
-    forkserver.close_all()
+from evaluator_helpers import AXPY_TASK, build_cache, forking, host, workspace  # noqa: E402, F401
 
 
 def _forked_child(folder: Path, **kwargs) -> sandbox.Child:

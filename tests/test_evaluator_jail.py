@@ -23,7 +23,7 @@ from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.isolation import sandbox
 from evaluator_cuda.solutions import Solution
 from evaluator_helpers import (AXPY_TASK, BINDING, KERNEL, build_cache, host, kernel_with,  # noqa: F401
-                               model_new_with, workspace)
+                               model_new_showing, model_new_with, workspace)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
                                 reason="the jail's own uid needs root (CI and the GPU machines run as root)")
@@ -48,20 +48,6 @@ def _jail_uid_processes(uid: int) -> list[int]:
     return found
 
 
-def _show(expression: str) -> str:
-    """A model_new.py whose import fails with `expression`'s value in the message (what reaches the
-    record and the agent), or with the error it raised."""
-    return model_new_with("return cuda_extension.axpy_forward(x, y, float(self.alpha))", prelude=f"""
-import os
-def _shown():
-    try:
-        return repr({expression})
-    except Exception as exc:
-        return "refused: " + repr(exc)
-raise RuntimeError("SHOWN " + _shown())
-""")
-
-
 def test_the_candidate_runs_jailed_and_the_record_says_so(build_cache):
     record = evaluate(AXPY_TASK, workspace(), _settings(build_cache))
     assert record["status"] == "correct", record["message"]
@@ -74,7 +60,7 @@ def test_the_candidate_runs_jailed_and_the_record_says_so(build_cache):
 
 def test_inherited_environment_does_not_reach_the_candidate(build_cache, monkeypatch):
     monkeypatch.setenv("CUDA_AGENT_TEST_TOKEN", SECRET)
-    record = evaluate(AXPY_TASK, workspace(model_new=_show("dict(os.environ)")), _settings(build_cache))
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_showing("dict(os.environ)")), _settings(build_cache))
     text = json.dumps(record)
     assert "SHOWN" in text and "'HOME': '/tmp'" in text  # the candidate did show its environment
     assert SECRET not in text and "CUDA_AGENT_TEST_TOKEN" not in text
@@ -92,7 +78,7 @@ def test_files_outside_the_view_are_not_readable(build_cache, tmp_path, what):
         "cache": f"os.listdir({build_cache!r})",
         "harness_listing": "os.listdir('/tmp')",
     }[what]
-    record = evaluate(AXPY_TASK, workspace(model_new=_show(expression)), _settings(build_cache))
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_showing(expression)), _settings(build_cache))
     text = json.dumps(record)
     assert "SHOWN" in text
     assert SECRET not in text
@@ -108,10 +94,10 @@ def test_harness_source_and_solution_are_read_only(build_cache):
     verify = Path(sandbox.__file__).resolve().parents[1] / "verdict" / "verify.py"
     before = verify.read_bytes()
     expression = f"open({str(verify)!r}, 'a').write('\\nRIGGED = True\\n')"
-    record = evaluate(AXPY_TASK, workspace(model_new=_show(expression)), _settings(build_cache))
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_showing(expression)), _settings(build_cache))
     assert verify.read_bytes() == before
     assert "Read-only file system" in json.dumps(record) or "Permission denied" in json.dumps(record)
-    record = evaluate(AXPY_TASK, workspace(model_new=_show("open('model_new.py', 'a').write('#')")),
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_showing("open('model_new.py', 'a').write('#')")),
                       _settings(build_cache))
     assert "Read-only file system" in json.dumps(record) or "Permission denied" in json.dumps(record)
 
@@ -299,7 +285,7 @@ def test_file_size_and_open_files_settings_reach_the_jailed_candidate(build_cach
     settings = _settings(build_cache, child_file_size_bytes=3 * 1024**2, child_open_files=77)
     expression = "[__import__('resource').getrlimit(getattr(__import__('resource'), n)) for n in ('RLIMIT_FSIZE', " \
                  "'RLIMIT_NOFILE')]"
-    record = evaluate(AXPY_TASK, workspace(model_new=_show(expression)), settings)
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_showing(expression)), settings)
     assert f"SHOWN [({3 * 1024**2}, {3 * 1024**2}), (77, 77)]" in record["message"], record["message"]
     rlimits = record["sandbox"]["jail"]["rlimits"]
     assert rlimits["file_size_bytes"] == 3 * 1024**2 and rlimits["open_files"] == 77
@@ -456,7 +442,7 @@ def test_every_child_allocates_blocks_of_a_few_mib_from_its_heap(build_cache, ja
     block below 32 MiB comes from the heap, where by default (an mmap threshold of 128 KiB, raised only
     by frees) it would be fresh mmap-ed pages."""
     settings = _settings(build_cache, jail_children=jailed)
-    record = evaluate(AXPY_TASK, workspace(model_new=_show(_MMAPPED_24MIB)), settings)
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_showing(_MMAPPED_24MIB)), settings)
     assert "SHOWN 0" in record["message"], record["message"]
 
 
@@ -481,7 +467,7 @@ def test_every_child_puts_torch_blocks_of_a_few_mib_on_huge_pages(build_cache, j
     """torch's CPU allocator is told to use transparent huge pages in every child: most of a fresh 16 MiB
     tensor lies on them (without the setting, none of it does where huge pages are only given on request)."""
     settings = _settings(build_cache, jail_children=jailed)
-    record = evaluate(AXPY_TASK, workspace(model_new=_show(_HUGE_KB_OF_16MIB)), settings)
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_showing(_HUGE_KB_OF_16MIB)), settings)
     shown = record["message"].split("SHOWN ", 1)[-1]
     assert shown.isdigit() and int(shown) >= 8 * 1024, record["message"]
 
@@ -490,7 +476,7 @@ def test_the_jailed_candidate_runs_in_a_memory_cgroup_removed_after_it(build_cac
     """Its group is named in the record with the limit of the settings, the candidate sees itself in it,
     and the group is gone once the evaluation has ended."""
     settings = _settings(build_cache, child_memory_bytes=6 * 1024**3)
-    record = evaluate(AXPY_TASK, workspace(model_new=_show("open('/proc/self/cgroup').read()")), settings)
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_showing("open('/proc/self/cgroup').read()")), settings)
     group = record["sandbox"]["jail"]["memory_cgroup"]
     if "missing" in group:
         pytest.skip(f"no memory cgroup on this machine: {group['missing']}")

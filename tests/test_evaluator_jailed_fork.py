@@ -17,21 +17,14 @@ pytest.importorskip("torch")
 from cuda_agent.jail import Bind  # noqa: E402
 from evaluator_cuda.evaluation import evaluate  # noqa: E402
 from evaluator_cuda.isolation import forkserver, sandbox  # noqa: E402
-from evaluator_helpers import AXPY_TASK, build_cache, host, model_new_with, workspace  # noqa: E402, F401
+from evaluator_helpers import (AXPY_TASK, build_cache, forking, host, model_new_showing,  # noqa: E402, F401
+                               model_new_with, workspace)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
                                 reason="the jail's own uid needs root (CI and the GPU machines run as root)")
 
 SECRET = "tok-" + "51d0e6a2c94b7f38"
 STATUS_FIELDS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")
-
-
-@pytest.fixture
-def forking(monkeypatch):
-    forkserver.close_all()
-    monkeypatch.setenv(forkserver.FORK_ENV, "1")
-    yield
-    forkserver.close_all()
 
 
 def _settings(cache, **overrides):
@@ -65,16 +58,19 @@ def _warm(cache) -> None:
         time.sleep(0.2)
 
 
+def _stat(pid: int) -> list[str]:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2:].split()  # state, ppid, pgrp, session, ...
+
+
 def _children(pid: int) -> list[int]:
     found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                text = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(text[text.rindex(")") + 2:].split()[1]) == pid:
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(_stat(int(entry))[1]) == pid:
                 found.append(int(entry))
+        except OSError:
+            continue
     return found
 
 
@@ -148,11 +144,6 @@ def test_a_forked_candidate_is_jailed_as_a_fresh_one_is(build_cache, tmp_path, f
     assert forked.proc.returncode == 0  # asked to exit: the command's exit, mirrored by the stage
 
 
-def _stat(pid: int) -> list[str]:
-    text = Path(f"/proc/{pid}/stat").read_text()
-    return text[text.rindex(")") + 2:].split()
-
-
 def test_a_forked_candidate_killed_from_outside_reports_its_signal(build_cache, tmp_path, forking):
     child = _forked_candidate(tmp_path / "a", _settings(build_cache))
     try:
@@ -186,19 +177,6 @@ def test_an_evaluation_with_a_forked_candidate_agrees_with_a_fresh_one(build_cac
     assert wrong["status"] == "incorrect" and wrong["reward"] == -1
 
 
-def _show(expression: str) -> str:
-    """A model_new.py whose import fails with `expression`'s value in the message."""
-    return model_new_with("return cuda_extension.axpy_forward(x, y, float(self.alpha))", prelude=f"""
-import os
-def _shown():
-    try:
-        return repr({expression})
-    except Exception as exc:
-        return "refused: " + repr(exc)
-raise RuntimeError("SHOWN " + _shown())
-""")
-
-
 @pytest.mark.parametrize("what", ["environment", "process_environment", "secret_file", "processes", "server_memory"])
 def test_a_forked_candidate_sees_nothing_of_the_evaluator_or_its_server(build_cache, tmp_path, forking, monkeypatch,
                                                                         what):
@@ -216,7 +194,7 @@ def test_a_forked_candidate_sees_nothing_of_the_evaluator_or_its_server(build_ca
         "processes": "sorted(int(p) for p in os.listdir('/proc') if p.isdigit())",
         "server_memory": f"open('/proc/{server_pid}/maps').read()",
     }[what]
-    record = evaluate(AXPY_TASK, workspace(model_new=_show(expression)), _settings(build_cache))
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_showing(expression)), _settings(build_cache))
     assert record["sandbox"]["candidate_forked"] is True
     text = json.dumps(record)
     assert "SHOWN" in text and SECRET not in text and "CUDA_AGENT_TEST_TOKEN" not in text

@@ -69,7 +69,7 @@ MiB = 1024 * 1024
 
 __all__ = [
     "Bind", "SYSTEM_DIRS", "Limits", "JailSpec", "JailCommand", "JailError", "JailUnavailable", "jail_command", "protections",
-    "probe", "python_binds", "PLAN_ENV", "gpu_devices", "nvidia_library_binds", "seccomp_program", "REFUSED_SYSCALLS", "SETUP_FAILED",
+    "probe", "python_binds", "gpu_devices", "nvidia_library_binds", "seccomp_program", "REFUSED_SYSCALLS", "SETUP_FAILED",
 ]
 
 
@@ -136,12 +136,14 @@ class JailSpec:
 @dataclass(frozen=True)
 class JailCommand:
     """What to start: `subprocess.Popen(argv, env=env, pass_fds=pass_fds)` (env is the stage's
-    own; the command gets the spec's fixed environment)."""
+    own; the command gets the spec's fixed environment). `plan` is what the stage follows (in env as
+    JSON), for a process that runs the stage itself after a fork (_stage.run)."""
 
     argv: list[str]
     env: dict[str, str]
     pass_fds: tuple[int, ...]
     protections: dict
+    plan: dict = field(default_factory=dict)
 
 
 # --- the machine ----------------------------------------------------------------------------------
@@ -369,7 +371,8 @@ def jail_command(spec: JailSpec, argv: Sequence[str], *, python: str | None = No
         raise JailUnavailable("the jail cannot be built here: " + "; ".join(missing))
     record = protections(spec, python)
     plan = _plan(spec, argv, namespaces=machine["namespaces"], user_namespace=not machine["root"], drop=machine["root"] or machine["namespaces"])
-    return JailCommand(argv=_stage_argv(python), env=_stage_env(plan), pass_fds=tuple(spec.pass_fds), protections=record)
+    return JailCommand(argv=_stage_argv(python), env=_stage_env(plan), pass_fds=tuple(spec.pass_fds), protections=record,
+                       plan=plan)
 
 
 # --- helpers for specs ----------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import resource
 import shutil
@@ -249,7 +248,7 @@ class Child:
             spec = dataclasses.replace(spec, cgroup_procs=self._cgroup.procs_files)
         command = jail_mod.jail_command(spec, argv)
         self.protections = {**command.protections, "memory_cgroup": cgroup_record}
-        return command.argv, command.env, json.loads(command.env[jail_mod.PLAN_ENV])
+        return command.argv, command.env, command.plan
 
     def log_tail(self, max_chars: int = 4000) -> str:
         try:
