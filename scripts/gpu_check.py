@@ -18,6 +18,8 @@ and beside both, one after the other:
 4. the small-output cases: an honest wide softmax `correct` on every seed, zeros, a constant,
    permuted rows and a rescaled output `incorrect`, a reference that ignores its inputs a
    `task_error`.
+An honest speed-up withheld for drift while the lanes shared the GPU is timed again with the GPU to
+itself (that task alone, after the other lanes), and only that second verdict counts.
 The last line is `GPU CHECK PASS` or `GPU CHECK FAIL: <what>`. $OUT gets one log per step,
 the bench report and gpu_check.json (what ran, what failed, the evaluator digest).
 """
@@ -211,6 +213,13 @@ def main() -> int:
     bench_thread.join()
     rc, _ = bench_lane["result"]
     problems = bench_verdicts(report_dir / "report.json", ROOT / "examples" / "solutions")
+    withheld = [p.split(":")[0] for p in problems if "speed-up withheld" in p]
+    if withheld and len(withheld) == len(problems) and rc == 0:
+        # The other lanes shared the GPU while the bench timed; a drift there is the check's own doing.
+        # Those tasks are timed again alone, and only that second verdict counts.
+        summary["bench_withheld_while_shared"] = withheld
+        rc = rerun_alone(withheld, report_dir, step, summary)
+        problems = bench_verdicts(report_dir / "report.json", ROOT / "examples" / "solutions")
     if (report_dir / "report.json").exists():
         (out / "bench_report.json").write_bytes((report_dir / "report.json").read_bytes())
     summary["bench_problems"] = problems
@@ -218,6 +227,24 @@ def main() -> int:
         problems = [f"bench exited {rc}"]
     summary["failures"] += [f"bench: {p}" for p in problems]
     return finish(summary, out)
+
+
+def rerun_alone(tasks: list[str], report_dir: Path, step, summary: dict) -> int:
+    """Bench `tasks` again with the GPU to themselves and merge their records into the bench report."""
+    report_path = report_dir / "report.json"
+    report = json.loads(report_path.read_text())
+    worst = 0
+    for task in tasks:
+        again = report_dir.with_name(f"bench_again_{task}")
+        rc, _ = step(f"bench_again_{task}", [sys.executable, "-m", "cuda_agent.cli", "bench", f"examples/tasks/{task}.py",
+                                             "--solutions", "examples/solutions", "--backend", "cuda", "--out", str(again)],
+                     90, cache="cache_bench")
+        worst = max(worst, rc)
+        if (again / "report.json").exists():
+            fresh = {r["candidate"]: r for r in json.loads((again / "report.json").read_text())["records"]}
+            report["records"] = [fresh.get(r["candidate"], r) for r in report["records"]]
+    report_path.write_text(json.dumps(report, indent=1))
+    return worst
 
 
 def finish(summary: dict, out: Path) -> int:

@@ -71,3 +71,70 @@ def test_a_step_that_hangs_is_cut_at_its_limit_after_showing_its_lines(tmp_path,
     assert rc == 124 and "started" in tail
     assert "[hang] started" in capsys.readouterr().out
     assert "cut at its 2 s limit" in (tmp_path / "hang.log").read_text()
+
+
+def _bench_records(withheld: set[str]) -> list[dict]:
+    """Records of the example solutions as the bench writes them: honest ones correct, `__wrong` ones
+    incorrect, the speed-ups of `withheld` candidates withheld for drift."""
+    from evaluator_cuda.solutions import read_solution
+
+    records = []
+    for path in sorted((SCRIPT.parents[1] / "examples" / "solutions" / "cuda").iterdir()):
+        label = read_solution(path).label
+        wrong = "__wrong" in path.name
+        record = {"candidate": label, "status": "incorrect" if wrong else "correct", "reward": -1 if wrong else 2,
+                  "message": ""}
+        if path.name in withheld:
+            record.update(reward=1, speedup_withheld=["eager drifted: 67.3 us per call before, 2567.8 after"])
+        records.append(record)
+    return records
+
+
+def _check_with_bench(monkeypatch, tmp_path, withheld_first: set[str], withheld_again: set[str]):
+    """The check with every lane passing, the bench withholding `withheld_first` and, timed again alone,
+    `withheld_again`."""
+    gpu_check, calls = _script(), {}
+
+    def run_step(name, command, limit_s, out, env):
+        calls[name] = (command, limit_s)
+        if "--out" in command:
+            report = Path(command[command.index("--out") + 1]) / "report.json"
+            report.parent.mkdir(parents=True, exist_ok=True)
+            records = _bench_records(withheld_first if name == "bench" else withheld_again)
+            if name != "bench":  # one task's file: its own solutions only
+                records = [r for r in records if r["candidate"].startswith(command[4].split("/")[-1][:-3])]
+            report.write_text(json.dumps({"records": records}))
+        return 0, "JAIL CHECK PASS\n" if name == "jail" else "11 passed\n"
+
+    monkeypatch.setattr(gpu_check, "run_step", run_step)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py"])
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("GPU_CHECK_WORK", str(tmp_path / "work"))
+    code = gpu_check.main()
+    return code, json.loads((tmp_path / "out" / "gpu_check.json").read_text()), calls
+
+
+def test_a_speed_up_withheld_while_the_gpu_was_shared_is_timed_again_alone_and_that_verdict_counts(monkeypatch, tmp_path):
+    code, summary, calls = _check_with_bench(monkeypatch, tmp_path, {"gemm_bias_gelu"}, set())
+    assert code == 0 and summary["passed"], summary["failures"]
+    assert summary["bench_withheld_while_shared"] == ["gemm_bias_gelu"]
+    command, _ = calls["bench_again_gemm_bias_gelu"]
+    assert command[2:5] == ["cuda_agent.cli", "bench", "examples/tasks/gemm_bias_gelu.py"]
+    assert [name for name in calls if name.startswith("bench_again")] == ["bench_again_gemm_bias_gelu"]
+    report = json.loads((tmp_path / "out" / "bench_report.json").read_text())
+    assert len(report["records"]) == len(_bench_records(set()))
+    assert not any(r.get("speedup_withheld") for r in report["records"])
+
+
+def test_a_speed_up_withheld_again_with_the_gpu_to_itself_fails_the_check(monkeypatch, tmp_path):
+    code, summary, _ = _check_with_bench(monkeypatch, tmp_path, {"gemm_bias_gelu", "layernorm"}, {"layernorm"})
+    assert code == 1 and not summary["passed"]
+    assert summary["failures"] == ["bench: layernorm: an honest kernel's speed-up withheld: "
+                                   "eager drifted: 67.3 us per call before, 2567.8 after"]
+
+
+def test_a_check_without_withheld_speed_ups_times_nothing_again(monkeypatch, tmp_path):
+    code, summary, calls = _check_with_bench(monkeypatch, tmp_path, set(), {"layernorm"})
+    assert code == 0 and summary["passed"]
+    assert "bench_withheld_while_shared" not in summary
+    assert not [name for name in calls if name.startswith("bench_again")]
