@@ -30,6 +30,7 @@ from .timing.host_baselines import host_baselines, host_eager_call, host_eager_s
 from .timing.host_pin import choose_cpu
 from .timing.stability import baseline_protocol, baseline_recheck, eager_drift, timing_se_bound, unstable_times
 from .isolation import forkserver
+from .isolation.commitment import value_digest
 from .isolation.sandbox import Child, ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from .isolation.static_checks import check_solution_sources
 from .progress import say
@@ -318,6 +319,7 @@ def _load(reference: Child, candidate: Child, task: Task, solution: Solution, se
         "binding_runtime": str(runtime) if runtime else None,
         "task_source": task.source, "device": device,
         "block_torch": settings.block_torch and solution.format != "reference",
+        "commit_output_bytes": settings.commit_output_bytes,
         **pinning,
     })
     record["host_timing"] = pinning or None
@@ -357,6 +359,8 @@ def _candidate_loaded(candidate: Child, solution: Solution, settings: EvalSettin
         kind = "compile_error" if (exc.kind == "timeout" and solution.format == "kernelbench") else "runtime_error"
         raise Verdict(kind, f"loading the candidate: {exc}") from None
     if not loaded.get("ok"):
+        if loaded.get("kind") == "task" and solution.format == "reference":  # the task's code failed to load
+            raise Verdict("task_error", loaded.get("message", ""))
         raise candidate_failure(loaded)
 
 
@@ -472,7 +476,7 @@ def _run_calls(candidate: Child, reference: Child, check_inputs: list, timed: _T
         if kind == "check" or position in sampled:
             # The candidate's description of its output (class, device) is taken before the
             # output is copied to the host; the wire's own metadata describes that copy.
-            calls.outputs[position] = (answer.get("output"), output_meta(answer))
+            calls.outputs[position] = (_output(candidate, answer, limit), output_meta(answer))
         if position >= settings.warmup:
             calls.times.append(answer.get("time_us"))
             calls.walls.append(answer.get("wall_us"))
@@ -483,6 +487,23 @@ def _run_calls(candidate: Child, reference: Child, check_inputs: list, timed: _T
     record["persisting_l2_reset"] = (answer.get("l2_resets") == len(schedule)) if on_cuda and schedule else None
     record["calls_split_us"] = summarize_split(calls.splits, calls.round_trips)
     return calls
+
+
+def _output(candidate: Child, answer: dict, timeout: float):
+    """A checked call's output: sent with its answer, or fetched now and bound to the digest the
+    answer gave (isolation/commitment.py)."""
+    if "output" in answer:
+        return answer["output"]
+    digest = answer.get("output_digest")
+    if not isinstance(digest, str):
+        raise Verdict("runtime_error", "the candidate process answered a call with neither its output nor a digest")
+    fetched = reply(candidate, {"cmd": "output"}, timeout, harness=False)
+    if not fetched.get("ok"):
+        raise candidate_failure(fetched)
+    if value_digest(fetched.get("output")) != digest:
+        raise rejection("output_changed", "the output sent when asked is not the one the call answered with "
+                                          "(its digest differs)")
+    return fetched["output"]
 
 
 @dataclasses.dataclass

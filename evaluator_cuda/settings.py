@@ -95,6 +95,10 @@ class EvalSettings:
     norm_rtol: float = PAPER_RTOL  # scale-aware check: ||out-ref||/||ref|| per tensor (docs/cheats.md #2)
     timed_checks: int = 4  # outputs of timed calls checked, a random sample the candidate cannot see
     fresh_input_bytes: int = 1024**3  # budget for distinct timed input sets; beyond it the sets rotate
+    # Outputs of this many bytes or more stay in the candidate child, which answers with their digest;
+    # the bytes cross only for checked calls (isolation/commitment.py). None: every output is sent.
+    # Host: None, as hashing there costs about what the socket does.
+    commit_output_bytes: int | None = 4 << 20
     # CUDA: compare the outputs on the GPU in the verdict process (False: on its CPU, seconds for large outputs)
     judge_on_device: bool = True
     reject_precision_downgrade: bool = False  # flag (False) or reject (True) outputs below the dtype's precision
@@ -156,7 +160,7 @@ class EvalSettings:
         base = {"backend": backend}
         if backend == "host":
             base.update(warmup=2, repeats=5, l2_flush_bytes=host_cache_flush_bytes(), margin=HOST_MARGIN,
-                        timing_se_bound=PAPER_MARGIN / 2)
+                        timing_se_bound=PAPER_MARGIN / 2, commit_output_bytes=None)
         base.update(overrides)
         return cls(**base)
 

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from evaluator_helpers import (AXPY_TASK, BINDING, KERNEL, build_cache, host, ke
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
                                 reason="the jail's own uid needs root (CI and the GPU machines run as root)")
 
+REPO = Path(__file__).resolve().parents[1]
 SECRET = "tok-" + "9f3a1c77e2b4d605"
 
 
@@ -504,3 +506,23 @@ def test_a_child_whose_jail_cannot_be_made_gives_back_its_uid_and_cgroup(build_c
         sandbox.Child("candidate", tmp_path, guard=guard)
     assert len(claimed) == 1 and not (UID_CLAIMS_DIR / str(claimed[0])).exists()
     assert all(not os.path.exists(folder) for group in made for folder in group.folders)
+
+
+def test_an_evaluator_started_through_a_path_with_dots_still_starts_its_jailed_children(build_cache, tmp_path):
+    """`scripts/../.venv/bin/python`: the interpreter's path runs through a folder the jail does not show; the
+    children are started by its normalised path (found when a benchmark run from scripts/ failed every first
+    evaluation with exit status 127)."""
+    detour = os.path.relpath(sys.executable, tmp_path)  # run from tmp_path: sys.executable keeps the dots
+    assert detour.startswith("../")
+    code = ("import json, sys\n"
+            "from cuda_agent.jail import this_python\n"
+            "from evaluator_cuda.evaluation import evaluate\n"
+            "from evaluator_helpers import AXPY_TASK, host, workspace\n"
+            f"record = evaluate(AXPY_TASK, workspace(), host({build_cache!r}))\n"
+            "print(json.dumps([record['status'], record['message'], sys.executable, this_python()]))\n")
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "CUDA_AGENT_FORK_REFERENCE": "0"}
+    done = subprocess.run([detour, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    status, message, executable, normalised = json.loads(done.stdout.strip().splitlines()[-1])
+    assert status == "correct", message
+    assert "/../" in executable and normalised == os.path.normpath(sys.executable)

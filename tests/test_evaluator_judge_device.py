@@ -42,13 +42,13 @@ def test_a_moved_output_gets_the_same_verdict():
 
 
 def test_the_split_is_the_median_of_each_phase_and_the_channel_is_the_rest_of_the_round_trip():
-    splits = [{"inputs": 10, "setup": 1, "call": 100, "checks": 5, "copy_out": 20},
-              {"inputs": 30, "setup": 3, "call": 300, "checks": 7, "copy_out": 40},
-              {"inputs": 20, "setup": 2, "call": 200, "checks": 6, "copy_out": 30}]
-    trips = [200.0, 500.0, 300.0]  # channel: 64, 120, 42
+    splits = [{"inputs": 10, "setup": 1, "call": 100, "checks": 5, "copy_out": 20, "digest": 4},
+              {"inputs": 30, "setup": 3, "call": 300, "checks": 7, "copy_out": 40, "digest": 6},
+              {"inputs": 20, "setup": 2, "call": 200, "checks": 6, "copy_out": 30, "digest": 5}]
+    trips = [200.0, 500.0, 300.0]  # channel: 60, 114, 37
     summary = summarize_split(splits, trips)
-    assert summary == {"inputs": 20, "setup": 2, "call": 200, "checks": 6, "copy_out": 30,
-                       "round_trip": 300.0, "channel": 64.0}
+    assert summary == {"inputs": 20, "setup": 2, "call": 200, "checks": 6, "copy_out": 30, "digest": 5,
+                       "round_trip": 300.0, "channel": 60.0}
 
 
 def test_the_split_skips_what_a_candidate_child_did_not_report_as_numbers():

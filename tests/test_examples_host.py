@@ -59,7 +59,7 @@ def test_honest_host_solution_is_correct(records, name):
     assert len(record["seeds"]["inputs"]) == 5
     assert record["judged_on"] == "cpu"  # the host backend's outputs are compared on the CPU
     split = record["calls_split_us"]  # the five check calls: the child's phases lie inside each round trip
-    assert set(split) == {"inputs", "setup", "call", "checks", "copy_out", "round_trip", "channel"}
+    assert set(split) == {"inputs", "setup", "call", "checks", "copy_out", "digest", "round_trip", "channel"}
     assert split["channel"] >= 0 and split["round_trip"] >= split["call"] > 0
 
 

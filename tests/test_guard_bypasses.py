@@ -233,3 +233,29 @@ def test_prose_naming_tensor_methods_is_not_cpp():
     assert check_python_source("model_new.py", prose) == []
     source = 'SRC = "torch::Tensor f(torch::Tensor x, torch::Tensor w) { return x.matmul(w); }"\n'
     assert [f.reason for f in check_python_source("model_new.py", source)] == ["torch_compute_cpp"]
+
+
+# --- failures the candidate's process claims for someone else --------------------------------
+
+@pytest.mark.parametrize("kind", ["internal", "task"])
+def test_a_candidate_child_claiming_an_infrastructure_or_task_failure_is_a_runtime_error(build_cache, kind):
+    """The candidate's code owns its process: a reply there that blames the harness or the task would take the
+    episode out of training instead of scoring it. It is the candidate's runtime_error (reward -1)."""
+    prelude = ("from evaluator_cuda.roles.errors import HandlerError\n"
+               f"def _blame(self, req):\n    raise HandlerError({kind!r}, 'not my fault')\n"
+               "import sys\nsys.modules['evaluator_cuda.roles.candidate'].CandidateRole.do_call = _blame\n")
+    record = evaluate(AXPY_TASK, workspace(model_new=model_new_with(HONEST_CALL, prelude=prelude)),
+                      host(build_cache, static_checks=False))
+    assert (record["status"], record["reward"]) == ("runtime_error", -1), record["message"]
+    assert "not my fault" in record["message"]
+
+
+def test_a_self_check_whose_task_fails_to_load_is_a_task_error(build_cache):
+    """A self-check (the reference as the candidate) of a task that does not load stays a task_error: only
+    what the candidate's process claims for itself is taken as the candidate's."""
+    from evaluator_cuda.solutions import reference_solution
+    from evaluator_cuda.tasks import Task
+
+    broken = Task(name="broken", source=AXPY_TASK.source.replace("def get_inputs", "def get_inputs_gone"))
+    record = evaluate(broken, reference_solution(broken.name), host(build_cache))
+    assert record["status"] == "task_error", record["message"]

@@ -149,6 +149,12 @@ class JailCommand:
 # --- the machine ----------------------------------------------------------------------------------
 
 
+def this_python() -> str:
+    """The running interpreter's path without `..` parts: a jail shows only the folders it binds, so a
+    path through another one (`scripts/../.venv/bin/python`) would not resolve inside it."""
+    return os.path.normpath(sys.executable)
+
+
 def _stage_env(plan: dict) -> dict[str, str]:
     return {PLAN_ENV: json.dumps(plan), "PATH": "/usr/bin:/bin"}
 
@@ -164,7 +170,7 @@ def probe(python: str | None = None) -> dict:
     {"root", "namespaces", "user_namespace", "seccomp", "reason"}: namespaces False with the
     reason when the full jail could not be built.
     """
-    python = python or sys.executable
+    python = python or this_python()
     root = os.geteuid() == 0
     machine = os.uname().machine
     result = {"root": root, "namespaces": False, "user_namespace": not root, "seccomp": machine in ARCHES, "machine": machine, "reason": None}
@@ -362,7 +368,7 @@ def jail_command(spec: JailSpec, argv: Sequence[str], *, python: str | None = No
 
     Raises JailUnavailable when spec.require and a layer is missing, JailError for a bad spec.
     """
-    python = python or sys.executable
+    python = python or this_python()
     for path in spec.cgroup_procs:
         if not (_under(_norm(path), "/sys/fs/cgroup") and os.path.basename(path) == "cgroup.procs"):
             raise JailError(f"not a cgroup.procs file under /sys/fs/cgroup: {path}")

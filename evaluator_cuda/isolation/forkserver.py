@@ -29,8 +29,9 @@ import select
 import socket
 import struct
 import subprocess
-import sys
 import threading
+
+import cuda_agent.jail as jail_mod
 
 FORK_ENV = "CUDA_AGENT_FORK_REFERENCE"
 CONTROL_FD_ENV = "CUDA_AGENT_FORKSERVER_FD"
@@ -113,7 +114,7 @@ class ForkServer:
         self._lock = threading.Lock()
         self.ready = False  # the server says so once torch and the role are imported
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", SERVER_MODULE], cwd="/",
+            self.proc = subprocess.Popen([jail_mod.this_python(), "-m", SERVER_MODULE], cwd="/",
                                          env={**env, CONTROL_FD_ENV: str(theirs.fileno()), PARENT_ENV: _parent()},
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
@@ -179,8 +180,8 @@ def server_key(env: dict[str, str], jailed: bool = False) -> tuple:
     """A reference server's key: the variables read at start-up. A jailed children's server is keyed
     by its whole environment (the jail's, nothing else)."""
     if jailed:
-        return ("jailed", sys.executable, tuple(sorted((k, v) for k, v in env.items() if k not in PER_CHILD)))
-    return (sys.executable, tuple(sorted((k, v) for k, v in env.items()
+        return ("jailed", jail_mod.this_python(), tuple(sorted((k, v) for k, v in env.items() if k not in PER_CHILD)))
+    return (jail_mod.this_python(), tuple(sorted((k, v) for k, v in env.items()
                                          if k.startswith(STARTUP_PREFIXES) and k not in PER_CHILD)))
 
 

@@ -197,7 +197,7 @@ class Child:
         child_env[CHANNEL_FD_ENV] = str(child_sock.fileno())
         child_env[LIMITS_ENV] = ",".join(str(limit) for limit in limits)
         child_env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
-        argv = [sys.executable, "-m", "evaluator_cuda.roles.child", role]
+        argv = [jail_mod.this_python(), "-m", "evaluator_cuda.roles.child", role]
         popen_env, cwd, self.protections = child_env, str(self.workdir), None
         self._claimed_uid = None  # a uid of its own, claimed here, released (with its processes) by kill()
         self._cgroup = None  # the jail's memory and pids cgroup, removed by kill()
@@ -520,7 +520,7 @@ def _jail_spec(settings: dict, env: dict[str, str], binds: tuple, channel_fd: in
                cwd: str | None = None) -> "jail_mod.JailSpec":
     """The jail of one untrusted child (see the module docstring)."""
     kept = {k: v for k, v in env.items() if k in JAIL_ENV_KEEP}
-    python_bin = os.path.dirname(sys.executable)
+    python_bin = os.path.dirname(jail_mod.this_python())
     path = python_bin + ":" + jail_mod.DEFAULT_PATH
     gpu = bool(settings.get("gpu"))
     all_binds = (*jail_mod.python_binds(), *(jail_mod.Bind(str(p)) for p in HARNESS_PACKAGES), *binds)
@@ -593,7 +593,7 @@ def _slot_key(env: dict[str, str], guard: dict) -> tuple:
     stable["jail"] = {k: v for k, v in (guard.get("jail") or {}).items()
                       if k not in ("memory_bytes", "cgroup_memory_bytes")}
     limits = tuple(sorted((k, str(v)) for k, v in stable.items()))
-    return (sys.executable, tuple(sorted(merged.items())), tuple(guard.get("command_prefix", [])), limits)
+    return (jail_mod.this_python(), tuple(sorted(merged.items())), tuple(guard.get("command_prefix", [])), limits)
 
 
 class EvaluationSlot:

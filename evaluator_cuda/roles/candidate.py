@@ -16,6 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from ..isolation.commitment import output_bytes, start_workers, value_digest
 from ..isolation.guard_lock import lock_guard_switches, precision_settings
 from ..isolation.torch_guard import ForbiddenGuardSwitch, ForbiddenTorchCompute, prime_guard, take_refusals
 from ..isolation.wire import describe_tensors, host_copy
@@ -104,11 +105,14 @@ class CandidateRole:
         self.l2_resets = 0  # calls before which the driver demoted persisting L2 lines (CUDA)
         self.precision_at_start: dict = {}  # torch's precision settings before candidate code loaded
         self.timing_state: tuple = ()  # host: torch's threads and this thread's CPUs, set at load
+        self.commit_from: int | None = None  # outputs of this many bytes or more answer with their digest
+        self.kept_output = None  # the last call's output, while only its digest has been sent
         take_refusals()  # a role starts with no refusal on record (one role per process in a child)
 
     def do_load(self, req: dict) -> dict:
         self.device = req["device"]
         self.block_torch = bool(req["block_torch"])
+        self.commit_from = req.get("commit_output_bytes")
         solution_dir = Path(req["solution_dir"])
         sys.path.insert(0, str(solution_dir))
         import torch  # noqa: F401  (torch before any extension)
@@ -184,6 +188,8 @@ class CandidateRole:
                                f"ModelNew does not take the reference's state_dict: {one_line(exc)}") from None
         self._check_guard(None)
         self.model = model
+        if self.commit_from is not None:
+            start_workers()  # harness threads, started before the count every call is checked against
         self.threads_at_start = {t.ident for t in threading.enumerate()}
         return {}
 
@@ -238,10 +244,28 @@ class CandidateRole:
         described = describe_tensors(out)  # class and device as forward returned them, before the host copy
         copied = _copy_out(out)
         split.mark("copy_out")
+        answer = self._output_or_digest(copied)
+        split.mark("digest")
         # output-sized blocks: where empty_like lands
         self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]
-        return {"output": copied, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
+        return {**answer, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
                 "l2_resets": self.l2_resets, "split_us": split.spans}
+
+    def _output_or_digest(self, copied) -> dict:
+        """The call's output, or, from `commit_output_bytes` on, its digest with the output kept for
+        a fetch (isolation/commitment.py)."""
+        self.kept_output = None
+        if self.commit_from is None or output_bytes(copied) < self.commit_from:
+            return {"output": copied}
+        self.kept_output = copied
+        return {"output_digest": value_digest(copied)}
+
+    def do_output(self, req: dict) -> dict:
+        """The output of the last call, kept under its digest; once."""
+        if self.kept_output is None:
+            raise HandlerError("internal", "no output kept from the last call")
+        output, self.kept_output = self.kept_output, None
+        return {"output": output}
 
     def do_kernel_trace(self, req: dict) -> dict:
         """What ran on the GPU during each call (timing/kernel_trace.py); ends the trace."""

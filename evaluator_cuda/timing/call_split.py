@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 
-PHASES = ("inputs", "setup", "call", "checks", "copy_out")
+PHASES = ("inputs", "setup", "call", "checks", "copy_out", "digest")
 
 
 def _number(value) -> float | None:

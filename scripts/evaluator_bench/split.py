@@ -1,9 +1,11 @@
-"""Subcommand `split`: where one evaluation's wall time goes, with the outputs judged on the GPU and on the CPU.
+"""Subcommand `split`: where one evaluation's wall time goes, two settings side by side.
 
 For each chosen example (default: all six), the honest solution under examples/solutions/<backend> is
-evaluated once with the baselines measured (cold), then twice with them cached, alternating the judge:
-on the device in the verdict process (settings.judge_on_device, the default) and on its CPU. Each
-cached evaluation keeps its total wall time, its verification split (record["verify_steps_s"]) and the
+evaluated once with the baselines measured (cold), then with them cached, alternating two variants
+`--rounds` times each: with `--vary judge` (the default) the outputs judged on the device in the verdict
+process (settings.judge_on_device, the default) and on its CPU; with `--vary commit` large outputs
+committed by digest and fetched only for checked calls (settings.commit_output_bytes, the default on
+cuda) and every output sent with its call. Each cached evaluation keeps its total wall time, its verification split (record["verify_steps_s"]) and the
 split of its candidate calls (record["calls_split_us"]: the child's phases and the channel). Prints a
 table at the end; with $OUT set, writes $OUT/bench_evaluator_split.json. Exit status 0 when every
 evaluation was `correct`, 1 otherwise, 2 for an unknown example or a cuda run without a GPU.
@@ -11,19 +13,25 @@ evaluation was `correct`, 1 otherwise, 2 for an unknown example or a cuda run wi
 
 from __future__ import annotations
 
+import statistics
 import sys
 import tempfile
 
 from evaluator_bench.common import SOLUTIONS, TASKS, write_out
 from evaluator_bench.report import Clock, fmt
 
-JUDGES = {"device": True, "cpu": False}  # label: settings.judge_on_device
+VARIANTS = {  # --vary: label -> settings overrides, the default first
+    "judge": {"device": {"judge_on_device": True}, "cpu": {"judge_on_device": False}},
+    "commit": {"committed": {}, "sent": {"commit_output_bytes": None}},
+}
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--only", nargs="*", default=None, help="example task stems (default: every example)")
     parser.add_argument("--backend", default="cuda", choices=("cuda", "host"))
     parser.add_argument("--budget-s", type=float, default=300.0, help="skip the remaining examples past this")
+    parser.add_argument("--vary", default="judge", choices=sorted(VARIANTS), help="the two settings compared")
+    parser.add_argument("--rounds", type=int, default=1, help="cached evaluations of each variant, alternated")
 
 
 def main(args) -> int:
@@ -47,25 +55,26 @@ def main(args) -> int:
         if clock.remaining() <= 0:
             clock.say(f"budget spent: {stem} skipped")
             continue
-        rows.append(_example(clock, tasks[stem], args.backend, cache))
-    _print_table(rows)
-    write_out("bench_evaluator_split.json", {"rows": rows, "backend": args.backend})
+        rows.append(_example(clock, tasks[stem], args.backend, cache, VARIANTS[args.vary], args.rounds))
+    _print_table(rows, list(VARIANTS[args.vary]))
+    write_out("bench_evaluator_split.json", {"rows": rows, "backend": args.backend, "vary": args.vary})
     ok = all(run["status"] == "correct" for row in rows for run in row["runs"].values())
     return 0 if ok and rows else 1
 
 
-def _example(clock: Clock, task, backend: str, cache: str) -> dict:
-    """The honest solution: cold, then cached with each judge."""
+def _example(clock: Clock, task, backend: str, cache: str, variants: dict, rounds: int) -> dict:
+    """The honest solution: cold, then cached, the variants alternated."""
     from evaluator_cuda.evaluation import children_kept_warm, evaluate
     from evaluator_cuda.settings import EvalSettings
     from evaluator_cuda.solutions import read_solution
 
     solution = read_solution(SOLUTIONS / backend / task.stem)
+    plan = [("cold", {})] + [(f"cached_{k}" + (f"_{r}" if r else ""), v) for r in range(rounds)
+                             for k, v in variants.items()]
     runs = {}
     with children_kept_warm():
-        for label, on_device in (("cold", True), *((f"cached_{k}", v) for k, v in JUDGES.items())):
-            settings = EvalSettings.for_backend(backend, cache_dir=cache, judge_on_device=on_device)
-            record = evaluate(task, solution, settings)
+        for label, overrides in plan:
+            record = evaluate(task, solution, EvalSettings.for_backend(backend, cache_dir=cache, **overrides))
             runs[label] = {"status": record["status"], "reward": record.get("reward"),
                            "total_s": (record.get("wall_s") or {}).get("total"), "wall_s": record.get("wall_s"),
                            "judged_on": record.get("judged_on"), "steps_s": record.get("verify_steps_s"),
@@ -77,14 +86,21 @@ def _example(clock: Clock, task, backend: str, cache: str) -> dict:
     return {"task": task.stem, "runs": runs}
 
 
-def _print_table(rows: list[dict]) -> None:
-    print(f"{'task':18s} {'cold s':>7s} {'cached s':>8s} {'cpu-judged s':>12s} {'judge s':>7s} {'cpu judge s':>11s}  "
-          "calls: median µs per call (round trip, channel, call)")
+def _median_total(runs: dict, variant: str):
+    totals = [r["total_s"] for label, r in runs.items()
+              if (label == f"cached_{variant}" or label.startswith(f"cached_{variant}_")) and r.get("total_s")]
+    return statistics.median(totals) if totals else None
+
+
+def _print_table(rows: list[dict], variants: list[str]) -> None:
+    first, second = variants
+    print(f"{'task':18s} {'cold s':>7s} {first + ' s':>12s} {second + ' s':>12s} {'judge s':>7s}  "
+          f"calls ({first}): median µs per call (round trip, channel, call, digest)")
     for row in rows:
         runs = row["runs"]
-        cold, device, cpu = (runs.get(k) or {} for k in ("cold", "cached_device", "cached_cpu"))
-        calls = device.get("calls_us") or {}
-        print(f"{row['task']:18s} {fmt(cold.get('total_s'), 2):>7s} {fmt(device.get('total_s'), 2):>8s} "
-              f"{fmt(cpu.get('total_s'), 2):>12s} {fmt((device.get('steps_s') or {}).get('judge'), 2):>7s} "
-              f"{fmt((cpu.get('steps_s') or {}).get('judge'), 2):>11s}  {fmt(calls.get('round_trip'), 0)} "
-              f"{fmt(calls.get('channel'), 0)} {fmt(calls.get('call'), 0)}")
+        cached = runs.get(f"cached_{first}") or {}
+        calls = cached.get("calls_us") or {}
+        print(f"{row['task']:18s} {fmt((runs.get('cold') or {}).get('total_s'), 2):>7s} "
+              f"{fmt(_median_total(runs, first), 2):>12s} {fmt(_median_total(runs, second), 2):>12s} "
+              f"{fmt((cached.get('steps_s') or {}).get('judge'), 2):>7s}  {fmt(calls.get('round_trip'), 0)} "
+              f"{fmt(calls.get('channel'), 0)} {fmt(calls.get('call'), 0)} {fmt(calls.get('digest'), 0)}")
