@@ -62,6 +62,9 @@ def host_cache_flush_bytes(cpu_cache_root: str = "/sys/devices/system/cpu/cpu0/c
     return min(256 << 20, max(8 << 20, 2 * max(sizes)))
 
 
+COMMIT_OUTPUT_BYTES = 4 << 20  # settings.commit_output_bytes for cuda, once it has passed the GPU check
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
     """Everything that decides how one candidate is built, checked, timed and rewarded."""
@@ -97,8 +100,9 @@ class EvalSettings:
     fresh_input_bytes: int = 1024**3  # budget for distinct timed input sets; beyond it the sets rotate
     # Outputs of this many bytes or more stay in the candidate child, which answers with their digest;
     # the bytes cross only for checked calls (isolation/commitment.py). None: every output is sent.
-    # Host: None, as hashing there costs about what the socket does.
-    commit_output_bytes: int | None = 4 << 20
+    # Off until it has passed the GPU check (COMMIT_OUTPUT_BYTES is the value meant for cuda); on the host
+    # hashing costs about what the socket does.
+    commit_output_bytes: int | None = None
     # CUDA: compare the outputs on the GPU in the verdict process (False: on its CPU, seconds for large outputs)
     judge_on_device: bool = True
     reject_precision_downgrade: bool = False  # flag (False) or reject (True) outputs below the dtype's precision
@@ -160,7 +164,7 @@ class EvalSettings:
         base = {"backend": backend}
         if backend == "host":
             base.update(warmup=2, repeats=5, l2_flush_bytes=host_cache_flush_bytes(), margin=HOST_MARGIN,
-                        timing_se_bound=PAPER_MARGIN / 2, commit_output_bytes=None)
+                        timing_se_bound=PAPER_MARGIN / 2)
         base.update(overrides)
         return cls(**base)
 

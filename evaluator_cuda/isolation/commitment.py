@@ -1,5 +1,5 @@
-"""Output commitments: a large output stays in the candidate child, which answers its call with the
-output's digest; the verdict process fetches the bytes only for the calls whose outputs it checks.
+"""Output commitments (docs/cheats.md #24): a large output stays in the candidate child, which answers its
+call with the output's digest; the verdict process fetches the bytes only for the calls it checks.
 
 Which timed calls are checked is a secret of the verdict process (verdict/schedule.py), and the
 fetch comes after the call's answer, so the candidate cannot know at its answer whether the bytes

@@ -28,11 +28,11 @@ REJECTION_KINDS = ("no_kernel", "threads", "mutated_inputs", "guard_switch", "pr
                    "timing_setting")
 # Messages of a candidate's runtime_error after which its CUDA context cannot be trusted.
 CUDA_ERROR_MARKERS = ("CUDA error", "cudaError", "illegal memory access", "CUBLAS_STATUS", "device-side assert")
-# Every reply of the candidate child is the candidate's: its code runs in that process and can make any
-# harness method there fail or answer anything, so neither a failure of "harness code" there nor a "task"
-# failure is taken at its word (an infra_error or a task_error takes the episode out of training instead
-# of scoring it). Only a self-check's load, where the child runs the task's own code, is a task_error
-# (evaluation._candidate_loaded).
+# Every reply of the candidate child is the candidate's (docs/cheats.md #25): its code runs in that
+# process and can make any harness method there fail or answer anything, so neither a failure of
+# "harness code" there nor a "task" failure is taken at its word (an infra_error or a task_error takes
+# the episode out of training instead of scoring it). Only a self-check's load, where the child runs
+# the task's own code, is a task_error (evaluation._candidate_loaded).
 _CANDIDATE_KINDS = {"forbidden": "incorrect", "state_dict": "incorrect", "incorrect": "incorrect",
                     "runtime": "runtime_error", "task": "runtime_error", "internal": "runtime_error"}
 

@@ -4,11 +4,12 @@ For each chosen example (default: all six), the honest solution under examples/s
 evaluated once with the baselines measured (cold), then with them cached, alternating two variants
 `--rounds` times each: with `--vary judge` (the default) the outputs judged on the device in the verdict
 process (settings.judge_on_device, the default) and on its CPU; with `--vary commit` large outputs
-committed by digest and fetched only for checked calls (settings.commit_output_bytes, the default on
-cuda) and every output sent with its call. Each cached evaluation keeps its total wall time, its verification split (record["verify_steps_s"]) and the
-split of its candidate calls (record["calls_split_us"]: the child's phases and the channel). Prints a
-table at the end; with $OUT set, writes $OUT/bench_evaluator_split.json. Exit status 0 when every
-evaluation was `correct`, 1 otherwise, 2 for an unknown example or a cuda run without a GPU.
+committed by digest and fetched only for checked calls (settings.commit_output_bytes at
+settings.COMMIT_OUTPUT_BYTES) and every output sent with its call (the default). Each cached evaluation
+keeps its total wall time, its verification split (record["verify_steps_s"]) and the split of its
+candidate calls (record["calls_split_us"]: the child's phases and the channel). Prints a table at the
+end; with $OUT set, writes $OUT/bench_evaluator_split.json. Exit status 0 when every evaluation was
+`correct`, 1 otherwise, 2 for an unknown example or a cuda run without a GPU.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import tempfile
 
 from evaluator_bench.common import SOLUTIONS, TASKS, write_out
 from evaluator_bench.report import Clock, fmt
+from evaluator_cuda.settings import COMMIT_OUTPUT_BYTES
 
 VARIANTS = {  # --vary: label -> settings overrides, the default first
     "judge": {"device": {"judge_on_device": True}, "cpu": {"judge_on_device": False}},
-    "commit": {"committed": {}, "sent": {"commit_output_bytes": None}},
+    "commit": {"committed": {"commit_output_bytes": COMMIT_OUTPUT_BYTES}, "sent": {"commit_output_bytes": None}},
 }
 
 
