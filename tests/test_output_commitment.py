@@ -111,3 +111,28 @@ def test_a_candidate_that_withholds_its_output_is_caught(build_cache, change, st
     solution = workspace(model_new=model_new_with(HONEST, prelude=prelude))
     record = evaluate(AXPY_TASK, solution, _committed(build_cache, static_checks=False))
     assert record["status"] == status and message in record["message"], record["message"]
+
+
+# --- on the GPU (scripts/gpu_check.sh runs these before the setting's default may change) ---------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, status", [("layernorm", "correct"), ("gemm_bias_gelu__wrong", "incorrect")])
+def test_cuda_examples_with_their_outputs_committed_keep_their_verdicts(name, status):
+    """The 64 MiB layernorm output committed by digest on every call, profiled; the wrong GEMM still
+    caught on its fetched check outputs."""
+    from pathlib import Path
+
+    from evaluator_cuda.settings import COMMIT_OUTPUT_BYTES, EvalSettings
+    from evaluator_cuda.solutions import read_solution
+    from evaluator_cuda.tasks import load_tasks
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    solution = read_solution(examples / "solutions" / "cuda" / name)
+    task = {t.stem: t for t in load_tasks(examples / "tasks").tasks}[solution.stem]
+    settings = EvalSettings.for_backend("cuda", commit_output_bytes=COMMIT_OUTPUT_BYTES, profile=status == "correct")
+    record = evaluate(task, solution, settings)
+    assert record["status"] == status, record["message"]
+    assert record["reward"] >= 1 if status == "correct" else record["reward"] == -1
+    if status == "correct":
+        assert record["checked_calls"]["timed"] == settings.timed_checks
+        assert record["calls_split_us"]["digest"] > 0
