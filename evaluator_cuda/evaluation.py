@@ -42,8 +42,8 @@ from .timing.baselines import BaselineCache, baseline_key
 from .timing.call_split import summarize_split
 from .timing.profile import summarize_times
 from .verdict.bounds import precision, speed_of_light
-from .verdict.fault import (CUDA_ERROR_MARKERS, Verdict, candidate_failure, output_meta, reference_failure, rejection,
-                            reply)
+from .verdict.fault import (CUDA_ERROR_MARKERS, Verdict, candidate_failure, output_meta, reading_candidate_reply,
+                            reference_failure, rejection, reply)
 from .verdict.record import finish, new_record
 from .verdict.schedule import CallRequests, call_schedule
 from .verdict.verify import (compare_outputs, criterion_of, on_device, outputs_ignore_inputs, relative_error,
@@ -500,7 +500,9 @@ def _output(candidate: Child, answer: dict, timeout: float):
     fetched = reply(candidate, {"cmd": "output"}, timeout, harness=False)
     if not fetched.get("ok"):
         raise candidate_failure(fetched)
-    if value_digest(fetched.get("output")) != digest:
+    with reading_candidate_reply("output"):
+        changed = value_digest(fetched.get("output")) != digest
+    if changed:
         raise rejection("output_changed", "the output sent when asked is not the one the call answered with "
                                           "(its digest differs)")
     return fetched["output"]

@@ -20,7 +20,7 @@ from .solutions import Solution
 from .timing.kernel_trace import TRACE_ENV
 from .timing.stability import drift_reason, reward_noise_cannot_make, timing_se_bound, unstable_times
 from .verdict.attribution import attribution_problem, classify, extension_symbols, span_disagreement
-from .verdict.fault import Verdict, candidate_failure, rejection, reply
+from .verdict.fault import Verdict, candidate_failure, reading_candidate_reply, rejection, reply
 
 
 def traces_kernels(settings: EvalSettings) -> bool:
@@ -41,11 +41,14 @@ def attribute_kernels(candidate: Child, solution: Solution, extension: Path | No
     answer = reply(candidate, {"cmd": "kernel_trace"}, settings.child_timeout_s, harness=False)
     if not answer.get("ok"):
         raise candidate_failure(answer)
-    trace = answer.get("trace") or {}
-    if trace.get("error"):
-        raise Verdict("infra_error", f"the kernel trace did not run: {trace['error']}")
     symbols = extension_symbols(str(extension)) if extension else None
-    summary = classify(trace, symbols)
+    with reading_candidate_reply("kernel trace"):
+        trace = answer.get("trace") or {}
+        if not isinstance(trace, dict):
+            raise TypeError(f"a {type(trace).__name__}, not a mapping")
+        if trace.get("error"):  # the trace runs in the candidate's process: its failure is that process's
+            raise Verdict("runtime_error", f"the kernel trace in the candidate's process failed: {trace['error']}"[:300])
+        summary = classify(trace, symbols)
     record["kernels"] = {**summary, "names_checked": symbols is not None, "unlaunched": trace.get("unlaunched", 0)}
     if settings.block_torch:
         problem = attribution_problem(summary, settings.data_movement_share, calls_expected=summary["calls"])
@@ -62,8 +65,9 @@ def withhold_unbelievable_times(calls, trace: dict | None, settings: EvalSetting
     """record["speedup_withheld"]: why the times cannot earn a speed-up reward (absent: they can)."""
     reasons = []
     if trace is not None:
-        spans = [((trace.get("calls") or {}).get(str(p)) or {}).get("span_us") for p in calls.timed_positions]
-        spans = [s if s is not None else 0.0 for s in spans]
+        with reading_candidate_reply("kernel trace"):
+            spans = [((trace.get("calls") or {}).get(str(p)) or {}).get("span_us") for p in calls.timed_positions]
+            spans = [float(s) if s is not None else 0.0 for s in spans]
         disagreement = span_disagreement(spans, calls.times, settings.span_tolerance, settings.span_slack_us)
         if disagreement:
             reasons.append(disagreement)

@@ -8,6 +8,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from evaluator_cuda.timing.kernel_trace import RANGE_PREFIX, summarize
 from evaluator_cuda.verdict.attribution import (attribution_problem, classify, is_own_kernel, kernel_base_name,
                                                 span_disagreement)
@@ -185,3 +187,34 @@ def test_the_self_check_runs_untraced_and_a_candidate_stays_traced(tmp_path, mon
         kernel_trace.discard_trace()
         sys.modules.pop("model_new", None)
     assert kernel_trace.collect()["error"] == "the trace was not started"
+
+
+class _ReplyingWith:
+    """A candidate child that answers the trace request with `answer`."""
+
+    def __init__(self, answer: dict):
+        self.answer = answer
+
+    def request(self, message, timeout, tensor_meta=None):
+        assert message == {"cmd": "kernel_trace"}
+        return self.answer
+
+
+@pytest.mark.parametrize("trace, message", [
+    ({"error": "CUPTI said no"}, "the kernel trace in the candidate's process failed: CUPTI said no"),
+    (["not", "a", "mapping"], "malformed kernel trace: TypeError"),
+    ({"calls": {"0": {"items": [["kernel", "kernel"]]}}}, "malformed kernel trace: ValueError"),
+    ({"calls": "everything"}, "malformed kernel trace: AttributeError"),
+])
+def test_a_trace_the_candidate_process_breaks_or_fails_is_its_runtime_error(trace, message):
+    """The trace is collected in the candidate's process: a failed or malformed one is that process's doing
+    (docs/cheats.md #25), a runtime_error, never an infra_error that would take the episode out of training."""
+    from evaluator_cuda.gpu_work import attribute_kernels
+    from evaluator_cuda.settings import EvalSettings
+    from evaluator_cuda.solutions import Solution
+    from evaluator_cuda.verdict.fault import Verdict
+
+    solution = Solution("workspace", {"model_new.py": b""}, "model_new.py", "axpy")
+    with pytest.raises(Verdict) as raised:
+        attribute_kernels(_ReplyingWith({"ok": True, "trace": trace}), solution, None, EvalSettings.for_backend("cuda"), {})
+    assert raised.value.status == "runtime_error" and message in raised.value.message, raised.value.message

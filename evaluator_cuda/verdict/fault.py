@@ -8,6 +8,8 @@ task_error. A step of an evaluation that reaches a verdict raises it as a Verdic
 
 from __future__ import annotations
 
+import contextlib
+
 from ..extension.diagnostics import parse_compiler_output
 from ..isolation.sandbox import Child, ChildFailed
 
@@ -78,6 +80,19 @@ def reference_failure(answer: dict) -> Verdict:
         return Verdict("task_error", answer.get("message", ""))
     detail = [{"file": None, "line": None, "message": answer.get("detail", "")}]
     return Verdict("infra_error", "reference process: " + answer.get("message", ""), detail)
+
+
+@contextlib.contextmanager
+def reading_candidate_reply(what: str):
+    """Code that reads what the candidate's process sent: a failure there is that process's doing, its
+    runtime_error (docs/cheats.md #25), never a harness error."""
+    try:
+        yield
+    except Verdict:
+        raise
+    except Exception as exc:
+        raise Verdict("runtime_error", f"the candidate process sent a malformed {what}: "
+                                       f"{type(exc).__name__}: {exc}"[:300]) from None
 
 
 def output_meta(answer: dict) -> list:
