@@ -14,8 +14,9 @@
              the cached evaluation's verification split. Exits 2 without a GPU.
   compile-pool  on a GPU (or --backend host): each example's self-check cold with inductor's pool of compile
              workers and without, one at a time and all at once: compile time, baselines, evaluation wall time.
-  split      on a GPU (or --backend host): each example's honest solution cold, then cached with the outputs
-             judged on the GPU and on the CPU: total wall time, the verification split, the calls' split.
+  split      on a GPU (or --backend host): each example's honest solution cold, then cached with two settings
+             side by side (--vary judge: outputs judged on the GPU or the CPU; --vary commit: large outputs
+             committed by digest or sent): total wall time, the verification split, the calls' split.
 
 Each prints progress lines with elapsed seconds and a table at the end, and writes
 $OUT/bench_evaluator_<subcommand>.json when OUT is set (examples --fast-build: ..._examples_fast.json; speed
@@ -38,7 +39,8 @@ SUBCOMMANDS = {  # name: (module, one line for the list)
     "trace": ("trace", "the kernel trace on and off: self-check ratio, the trace's overhead, the verify split"),
     "compile-pool": ("compile_pool", "inductor's compile workers in the reference child, a pool or none, "
                                      "one at a time and all at once"),
-    "split": ("split", "one evaluation's wall time split, outputs judged on the GPU and on the CPU side by side"),
+    "split": ("split", "one evaluation's wall time split, two settings side by side (judge device, committed "
+                       "outputs)"),
 }
 
 
