@@ -13,7 +13,7 @@ import pytest
 from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.isolation.static_checks import check_python_source, check_solution_sources
 from evaluator_cuda.solutions import Solution
-from evaluator_helpers import (AXPY_TASK, BINDING, build_cache, host, kernelbench, model_new_with,  # noqa: F401
+from evaluator_helpers import (AXPY_TASK, BINDING, KERNEL, build_cache, host, kernelbench, model_new_with,  # noqa: F401
                                workspace)
 
 HONEST_CALL = "return cuda_extension.axpy_forward(x, y, float(self.alpha))"
@@ -259,3 +259,45 @@ def test_a_self_check_whose_task_fails_to_load_is_a_task_error(build_cache):
     broken = Task(name="broken", source=AXPY_TASK.source.replace("def get_inputs", "def get_inputs_gone"))
     record = evaluate(broken, reference_solution(broken.name), host(build_cache))
     assert record["status"] == "task_error", record["message"]
+
+
+class _BuildChild:
+    """A torch build child whose process the candidate's static initialiser took over: it dies, or answers
+    with a failure of its own making."""
+
+    def __init__(self, how):
+        self.how = how
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def request(self, message, timeout):
+        from evaluator_cuda.isolation.sandbox import ChildFailed
+
+        if self.how == "died":
+            raise ChildFailed("died", "build process exited with status 3")
+        if self.how == "protocol":
+            raise ChildFailed("protocol", "build process broke the protocol: malformed header")
+        return {"ok": False, "kind": "internal", "message": "the harness broke, honestly"}
+
+
+@pytest.mark.parametrize("how", ["died", "protocol", "internal"])
+def test_a_torch_build_child_that_dies_or_blames_the_harness_is_a_compile_error_and_not_cached(monkeypatch, tmp_path,
+                                                                                              how):
+    """The torch build child imports what it built, so the candidate's static initialisers run there
+    (docs/cheats.md #25): what that process does is the candidate's compile_error, not an infra_error."""
+    from evaluator_cuda.extension import torch_build
+
+    monkeypatch.setattr(torch_build, "Child", _BuildChild(how))
+    settings = host(str(tmp_path), fast_build=False)
+    sources = {"kernels/axpy.cpp": KERNEL.replace("OP", "+").encode(), "kernels/axpy_binding.cpp": BINDING.encode()}
+    built = torch_build.build_with_torch(sources, settings)
+    assert built.status == "compile_error" and built.so_path is None, built
+    assert "the build failed" in built.diagnostics[0]["message"]
+    assert torch_build._cached(torch_build.build_cache_dir(settings) / torch_build.build_key(sources, settings)) is None

@@ -165,19 +165,20 @@ def _build_locked(sources: dict[str, bytes], settings: EvalSettings, key: str, c
                 with Child("build", work, env=env, guard={**guard, "jail": jail}, binds=binds) as child:
                     reply = child.request(request, timeout=settings.compile_timeout_s)
         except ChildFailed as exc:
+            # The build child imports the module it built, so the candidate's static initialisers run
+            # there: its death or a broken reply is the candidate's compile_error, like a build that
+            # outlives its limit, never an infra_error (docs/cheats.md #25). None of these is cached.
             seconds = time.perf_counter() - begin
-            if exc.kind == "timeout":
-                diag = [{"file": None, "line": None,
-                         "message": f"compilation exceeded the {settings.compile_timeout_s:.0f} s compile timeout"}]
-                return BuildResult("compile_error", diag, None, seconds, False, key, exc.log_tail)
-            diag = [{"file": None, "line": None, "message": str(exc)}]
-            return BuildResult("infra_error", diag, None, seconds, False, key, exc.log_tail)
+            message = (f"compilation exceeded the {settings.compile_timeout_s:.0f} s compile timeout"
+                       if exc.kind == "timeout" else f"the build failed: {exc}")
+            diag = [{"file": None, "line": None, "message": message}]
+            return BuildResult("compile_error", diag, None, seconds, False, key, exc.log_tail)
         seconds = time.perf_counter() - begin
         if not reply.get("ok"):
             text = reply.get("detail") or reply.get("message", "")
-            if reply.get("kind") != "compile":
-                return BuildResult("infra_error", [{"file": None, "line": None, "message": reply.get("message", "")}],
-                                   None, seconds, False, key, text)
+            if reply.get("kind") != "compile":  # a failure the build child reports as its own: see above
+                diag = [{"file": None, "line": None, "message": f"the build failed: {reply.get('message', '')}"}]
+                return BuildResult("compile_error", diag, None, seconds, False, key, text)
             diag = parse_compiler_output(text, roots=[str(src)] + ([str(pch.parent)] if pch else []))
             _publish(work, entry, failure={"diagnostics": diag, "log": text[-20000:]})
             return BuildResult("compile_error", diag, None, seconds, False, key, text)
