@@ -190,9 +190,9 @@ def main() -> int:
     # Two lanes at once (the verdicts do not depend on the timings): the bench of the examples,
     # and beside it the cuda tests, the cheat forms and the small-output table.
     report_dir = work / "bench"
-    bench_command = [sys.executable, "-m", "cuda_agent.cli", "bench", "examples/tasks", "--solutions", "examples/solutions", "--backend", "cuda", "--out", str(report_dir)]
     bench_lane: dict = {}
-    bench_thread = threading.Thread(target=lambda: bench_lane.update(result=step("bench", bench_command, 275, cache="cache_bench")))
+    bench_thread = threading.Thread(target=lambda: bench_lane.update(
+        result=step("bench", bench_command("examples/tasks", report_dir), 275, cache="cache_bench")))
     bench_thread.start()
     jail_lane: dict = {}
     jail_thread = threading.Thread(target=lambda: jail_lane.update(result=step("jail", JAIL_COMMAND, JAIL_LIMIT_S,
@@ -230,6 +230,12 @@ def main() -> int:
     return finish(summary, out)
 
 
+def bench_command(tasks: str, out: Path) -> list[str]:
+    """`cuda-agent bench` of `tasks` (a folder or one task file) with the example solutions, on cuda."""
+    return [sys.executable, "-m", "cuda_agent.cli", "bench", tasks, "--solutions", "examples/solutions", "--backend",
+            "cuda", "--out", str(out)]
+
+
 def rerun_alone(tasks: list[str], report_dir: Path, step, summary: dict) -> int:
     """Bench `tasks` again with the GPU to themselves and merge their records into the bench report."""
     report_path = report_dir / "report.json"
@@ -237,9 +243,7 @@ def rerun_alone(tasks: list[str], report_dir: Path, step, summary: dict) -> int:
     worst = 0
     for task in tasks:
         again = report_dir.with_name(f"bench_again_{task}")
-        rc, _ = step(f"bench_again_{task}", [sys.executable, "-m", "cuda_agent.cli", "bench", f"examples/tasks/{task}.py",
-                                             "--solutions", "examples/solutions", "--backend", "cuda", "--out", str(again)],
-                     90, cache="cache_bench")
+        rc, _ = step(f"bench_again_{task}", bench_command(f"examples/tasks/{task}.py", again), 90, cache="cache_bench")
         worst = max(worst, rc)
         if (again / "report.json").exists():
             fresh = {r["candidate"]: r for r in json.loads((again / "report.json").read_text())["records"]}

@@ -28,15 +28,20 @@ def _fake_steps(jail_result: tuple[int, str], calls: dict):
     return run_step
 
 
-def _check(monkeypatch, tmp_path, jail_result: tuple[int, str]) -> tuple[int, dict, dict]:
-    gpu_check, calls = _script(), {}
-    monkeypatch.setattr(gpu_check, "run_step", _fake_steps(jail_result, calls))
-    monkeypatch.setattr(gpu_check, "bench_verdicts", lambda report, solutions: [])
+def _run(monkeypatch, tmp_path, gpu_check, run_step) -> tuple[int, dict]:
+    """gpu_check.main() with `run_step` for every step: (exit code, gpu_check.json)."""
+    monkeypatch.setattr(gpu_check, "run_step", run_step)
     monkeypatch.setattr(sys, "argv", ["gpu_check.py"])
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     monkeypatch.setenv("GPU_CHECK_WORK", str(tmp_path / "work"))
     code = gpu_check.main()
-    return code, json.loads((tmp_path / "out" / "gpu_check.json").read_text()), calls
+    return code, json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+
+
+def _check(monkeypatch, tmp_path, jail_result: tuple[int, str]) -> tuple[int, dict, dict]:
+    gpu_check, calls = _script(), {}
+    monkeypatch.setattr(gpu_check, "bench_verdicts", lambda report, solutions: [])
+    return (*_run(monkeypatch, tmp_path, gpu_check, _fake_steps(jail_result, calls)), calls)
 
 
 def test_the_jail_lane_runs_check_jail_on_the_gpu_under_its_own_limit(monkeypatch, tmp_path):
@@ -106,12 +111,7 @@ def _check_with_bench(monkeypatch, tmp_path, withheld_first: set[str], withheld_
             report.write_text(json.dumps({"records": records}))
         return 0, "JAIL CHECK PASS\n" if name == "jail" else "11 passed\n"
 
-    monkeypatch.setattr(gpu_check, "run_step", run_step)
-    monkeypatch.setattr(sys, "argv", ["gpu_check.py"])
-    monkeypatch.setenv("OUT", str(tmp_path / "out"))
-    monkeypatch.setenv("GPU_CHECK_WORK", str(tmp_path / "work"))
-    code = gpu_check.main()
-    return code, json.loads((tmp_path / "out" / "gpu_check.json").read_text()), calls
+    return (*_run(monkeypatch, tmp_path, gpu_check, run_step), calls)
 
 
 def test_a_speed_up_withheld_while_the_gpu_was_shared_is_timed_again_alone_and_that_verdict_counts(monkeypatch, tmp_path):

@@ -103,7 +103,7 @@ def test_an_output_computed_only_when_fetched_is_rejected_by_its_digest(build_ca
 @pytest.mark.parametrize("change, status, message", [
     ("_role.do_output = lambda self, req: {}", "incorrect", "rejected: output_changed"),
     ("_role.do_output = lambda self, req: _raise(RuntimeError('gone'))", "runtime_error", "gone"),
-    ("_role._output_or_digest = lambda self, copied: {}", "runtime_error", "neither its output nor a digest"),
+    ("_role._output_or_digest = lambda self, *args: {}", "runtime_error", "neither its output nor a digest"),
 ])
 def test_a_candidate_that_withholds_its_output_is_caught(build_cache, change, status, message):
     prelude = (f"import sys\n_role = sys.modules['evaluator_cuda.roles.candidate'].CandidateRole\n"

@@ -73,12 +73,3 @@ def _skeleton(body):
         return {k: _skeleton(v) for k, v in body.items() if not ("__tensor__" in body and k in ("device", "cls"))}
     return body
 
-
-def output_bytes(value) -> int:
-    """Tensor bytes in a nested value (what committing it would keep off the channel)."""
-    if isinstance(value, (list, tuple)):
-        return sum(output_bytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(output_bytes(v) for v in value.values())
-    nbytes = getattr(value, "nbytes", None)
-    return nbytes if isinstance(nbytes, int) else 0

@@ -16,7 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from ..isolation.commitment import output_bytes, start_workers, value_digest
+from ..isolation.commitment import start_workers, value_digest
 from ..isolation.guard_lock import lock_guard_switches, precision_settings
 from ..isolation.torch_guard import ForbiddenGuardSwitch, ForbiddenTorchCompute, prime_guard, take_refusals
 from ..isolation.wire import describe_tensors, host_copy
@@ -244,18 +244,18 @@ class CandidateRole:
         described = describe_tensors(out)  # class and device as forward returned them, before the host copy
         copied = _copy_out(out)
         split.mark("copy_out")
-        answer = self._output_or_digest(copied)
+        sizes = _tensor_bytes(out)
+        answer = self._output_or_digest(copied, sum(sizes))
         split.mark("digest")
-        # output-sized blocks: where empty_like lands
-        self.block_sizes = sorted({*self.block_sizes, *_tensor_bytes(out)})[-4:]
+        self.block_sizes = sorted({*self.block_sizes, *sizes})[-4:]  # output-sized blocks: where empty_like lands
         return {**answer, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
                 "l2_resets": self.l2_resets, "split_us": split.spans}
 
-    def _output_or_digest(self, copied) -> dict:
+    def _output_or_digest(self, copied, nbytes: int) -> dict:
         """The call's output, or, from `commit_output_bytes` on, its digest with the output kept for
         a fetch (isolation/commitment.py)."""
         self.kept_output = None
-        if self.commit_from is None or output_bytes(copied) < self.commit_from:
+        if self.commit_from is None or nbytes < self.commit_from:
             return {"output": copied}
         self.kept_output = copied
         return {"output_digest": value_digest(copied)}
