@@ -70,6 +70,10 @@ def test_cli_bad_input_is_one_error_line_and_exit_2(tmp_path):
                   "--seeds", "0,x"],
                  ["ablate", "importance-ratio", "--config", str(REPO / "configs" / "ablation_tiny.yaml"),
                   "--seeds", "1,1"],
+                 ["ablate", "importance-ratio", "--config", str(REPO / "configs" / "ablation_tiny.yaml"),
+                  "--devices", "0", "--out", str(tmp_path / "out")],
+                 ["ablate", "importance-ratio", "--config", str(REPO / "configs" / "ablation_tiny.yaml"),
+                  "--devices", "99", "--out", str(tmp_path / "out")],
                  ["ablate", "report", str(tmp_path)]):
         result = runner.invoke(app, args)
         assert result.exit_code == 2, result.output

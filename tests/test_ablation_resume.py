@@ -4,13 +4,12 @@ from its checkpoint; a run of another config is refused; SIGTERM on the command 
 exit 130. Two arms of configs/ablation_tiny.yaml (one from the RFT actor and pretrained critic, one from
 the starting checkpoint; the same PPO settings, so one compile), one seed, two iterations. The runs in this
 process share their compiled programs; the command-line test runs the second arm alone, which needs no warm
-start, as its processes compile everything again (a one-device platform shares no compilation cache entry
-with this process's eight devices); a stop during the warm start is tested in this process."""
+start, on the first of this process's eight devices (`--devices 1`), so that its processes read the programs
+back from the run's compilation cache; a stop during the warm start is tested in this process."""
 
 import dataclasses
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -265,17 +264,16 @@ def test_a_second_run_on_the_same_folder_is_refused(tmp_path):
         pass
 
 
-@pytest.mark.slow  # two command-line runs, each importing JAX and compiling for its own one-device platform
+@pytest.mark.slow  # two command-line runs, each importing JAX
 def test_sigterm_stops_the_command_with_one_line_and_exit_130_and_the_same_command_resumes(reference, tmp_path):
     _, uninterrupted = reference
     config, out = tmp_path / "second_arm.yaml", tmp_path / "run"
     config.write_text(yaml.safe_dump(_raw(arms=(SECOND,))))  # no warm start: the arm starts from the checkpoint
+    # The first device of the same eight-device platform as the reference run: the same numbers, and the
+    # programs that run compiled are read back from the test run's compilation cache.
     args = [sys.executable, "-m", "cuda_agent.cli", "ablate", "importance-ratio", "--config", str(config),
-            "--out", str(out)]
-    # One device, and otherwise the compiler settings of this process (the reference run's numbers).
-    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
-    flags = f"{flags} --xla_force_host_platform_device_count=1".strip()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": flags}
+            "--out", str(out), "--devices", "1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     run = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     for line in run.stdout:
         if line.startswith(f"arm 1/1 {SECOND} seed 0:"):  # under way, with the arm's two iterations ahead
