@@ -101,17 +101,19 @@ def run_stage(
     checkpoint_root: str | None = None,
     resume: bool = True,
     log: Callable[[dict[str, Any]], None] = lambda record: None,
+    devices: Sequence | None = None,
 ) -> dict[str, TrainState]:
     """Train `stage` ("rft", "value" or "ppo") for `steps` updates in total on trajectory `rows`.
 
     init_from: a Hugging Face checkpoint directory for fresh models (default: random init).
     actor_from / critic_from: checkpoint directories of earlier stages (e.g. RFT's actor, value
-    pretraining's critic) whose parameters start this stage. Returns the final states by role.
+    pretraining's critic) whose parameters start this stage. devices: the mesh's devices (default: all).
+    Returns the final states by role.
     """
     if stage not in STAGES:
         raise StageError(f"unknown stage {stage!r}: expected one of {STAGES}")
     maybe_initialize_distributed(cfg.distributed)
-    mesh = make_mesh(cfg.mesh)
+    mesh = make_mesh(cfg.mesh, devices)
     if stage == "rft":
         rows, rejected = rft_filter(rows, cfg.rft)
         log({"stage": "rft", "event": "filter", "kept": len(rows), **{f"rejected_{k}": v for k, v in rejected.items()}})
@@ -177,7 +179,8 @@ def _done_marker(cfg: RunConfig, stage: str, checkpoint_root: str | None) -> Pat
 
 def run_pipeline(cfg: RunConfig, *, init_from: str | None = None, checkpoint_root: str | None = None,
                  rows_of: Callable[[str], Sequence[dict[str, Any]]] | None = None,
-                 log: Callable[[dict[str, Any]], None] = lambda record: None) -> dict[str, str]:
+                 log: Callable[[dict[str, Any]], None] = lambda record: None,
+                 devices: Sequence | None = None) -> dict[str, str]:
     """Run the config's `stages` in order; returns the checkpoint directory of the last actor and critic.
 
     A stage whose DONE.json marker exists (written when it finished) is skipped; an interrupted one
@@ -201,7 +204,7 @@ def run_pipeline(cfg: RunConfig, *, init_from: str | None = None, checkpoint_roo
             log({"stage": spec.stage, "event": "start", "data": spec.data, "steps": steps})
             states = run_stage(cfg, spec.stage, rows_of(spec.data), steps, init_from=init_from,
                                actor_from=latest.get("actor"), critic_from=latest.get("critic"),
-                               checkpoint_root=checkpoint_root, log=log)
+                               checkpoint_root=checkpoint_root, log=log, devices=devices)
             marker.write_text(json.dumps({"steps": steps, **{r: int(s.step) for r, s in states.items()}}))
         for role in roles:
             latest[role] = checkpoint_dir(cfg, spec.stage, role, checkpoint_root)

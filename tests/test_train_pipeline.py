@@ -17,7 +17,7 @@ from policy_jax.train_run import new_state, run_pipeline, run_stage
 def pipeline_config(tmp_path, data):
     raw = yaml.safe_load(open("configs/tiny.yaml"))
     raw["checkpoint"]["save_every"] = 1
-    raw["ppo"]["mini_batch_size"] = 8  # one update per iteration: rows split evenly over the 8 test devices
+    raw["ppo"]["mini_batch_size"] = 8  # one update per iteration
     raw["stages"] = [{"stage": "rft", "data": str(data), "steps": 2}, {"stage": "value", "data": str(data), "steps": 2},
                      {"stage": "ppo", "data": str(data), "steps": 1}]
     path = tmp_path / "pipeline.yaml"
@@ -25,8 +25,14 @@ def pipeline_config(tmp_path, data):
     return load_run_config(path)
 
 
+# One device: the stages' order, skipping and resuming do not depend on the mesh (tests/test_train_steps.py
+# checks sharded steps against one device), and a checkpoint of the tiny model on eight fake devices takes
+# three times as long to save and read back.
+DEVICES = jax.devices()[:1]
+
+
 def final_params(cfg, root):
-    mesh = make_mesh(cfg.mesh)
+    mesh = make_mesh(cfg.mesh, DEVICES)
     out = {}
     for role in ("actor", "critic"):
         with TrainCheckpointer(root / "ppo" / role) as ck:
@@ -41,7 +47,7 @@ def test_stages_in_order_skip_when_finished_resume_when_interrupted_and_match_an
     cfg = pipeline_config(tmp_path, data)
 
     events = []
-    latest = run_pipeline(cfg, checkpoint_root=str(tmp_path / "a"), log=events.append)
+    latest = run_pipeline(cfg, checkpoint_root=str(tmp_path / "a"), log=events.append, devices=DEVICES)
     assert latest == {"actor": str(tmp_path / "a" / "ppo" / "actor"), "critic": str(tmp_path / "a" / "ppo" / "critic")}
     started = [e["stage"] for e in events if e.get("event") == "start"]
     assert started == ["rft", "value", "ppo"]
@@ -50,9 +56,9 @@ def test_stages_in_order_skip_when_finished_resume_when_interrupted_and_match_an
                                                       "critic": str(tmp_path / "a" / "value" / "critic")}
 
     # Interrupted inside stage 1 (one of its two RFT steps saved), then the whole pipeline again.
-    run_stage(cfg, "rft", read_trajectory_rows(data), 1, checkpoint_root=str(tmp_path / "b"))
+    run_stage(cfg, "rft", read_trajectory_rows(data), 1, checkpoint_root=str(tmp_path / "b"), devices=DEVICES)
     events = []
-    run_pipeline(cfg, checkpoint_root=str(tmp_path / "b"), log=events.append)
+    run_pipeline(cfg, checkpoint_root=str(tmp_path / "b"), log=events.append, devices=DEVICES)
     resumed = [e for e in events if e.get("event") == "resumed"]
     assert [(e["stage"], e["step"], e["position"]["index"]) for e in resumed] == [("rft", 1, 1)]
     a, b = final_params(cfg, tmp_path / "a"), final_params(cfg, tmp_path / "b")
@@ -66,7 +72,7 @@ def test_stages_in_order_skip_when_finished_resume_when_interrupted_and_match_an
         ck.delete(ck.latest_step())
     (tmp_path / "b" / "ppo" / "DONE.json").unlink()
     events = []
-    run_pipeline(cfg, checkpoint_root=str(tmp_path / "b"), log=events.append)
+    run_pipeline(cfg, checkpoint_root=str(tmp_path / "b"), log=events.append, devices=DEVICES)
     ppo = [(e["event"], e.get("role") or e["step"]) for e in events if e.get("stage") == "ppo" and e.get("event") not in (None, "start")]
     assert ppo[:3] == [("dropped", 1), ("initialised", "actor"), ("initialised", "critic")], ppo
     c = final_params(cfg, tmp_path / "b")
@@ -76,7 +82,7 @@ def test_stages_in_order_skip_when_finished_resume_when_interrupted_and_match_an
 
     # Finished: every stage is skipped, nothing trains.
     events = []
-    run_pipeline(cfg, checkpoint_root=str(tmp_path / "b"), log=events.append)
+    run_pipeline(cfg, checkpoint_root=str(tmp_path / "b"), log=events.append, devices=DEVICES)
     assert [(e["stage"], e["event"]) for e in events] == [("rft", "skipped"), ("value", "skipped"), ("ppo", "skipped")]
 
 
