@@ -30,20 +30,6 @@ def _seed_list(text: str) -> tuple[int, ...]:
     return seeds_from(values)
 
 
-def _first_devices(count: int | None) -> list | None:
-    """The first `count` devices (None: let the run take all of them)."""
-    if count is None:
-        return None
-    import jax
-
-    from ablations.config import AblationConfigError
-
-    available = jax.devices()
-    if not 1 <= count <= len(available):
-        raise AblationConfigError(f"--devices must be between 1 and {len(available)} (this host's devices), got {count}")
-    return available[:count]
-
-
 @ablate.command("importance-ratio")
 def importance_ratio(
     config: Path = typer.Option(..., help="ablation config YAML (configs/ablation_tiny.yaml, "
@@ -53,8 +39,8 @@ def importance_ratio(
     seeds: Optional[str] = typer.Option(None, help="overrides the config's seeds (comma-separated, e.g. 0,1)"),
     resume: bool = typer.Option(True, help="continue the run the output folder holds (--no-resume: start over, "
                                 "discarding it)"),
-    devices: Optional[int] = typer.Option(None, help="run on the first N devices of this host (default: all of "
-                                          "them); the config's mesh is laid over those"),
+    devices: Optional[int] = typer.Option(None, help="run on the first N devices (default: all); the config's mesh "
+                                          "is laid over those"),
 ) -> None:
     """Run every arm (sampler head, old log-probs, TIS, RFT init, value pretraining) for every seed from one
     starting checkpoint; write iterations.jsonl and report.md with its figures in the output folder.
@@ -69,6 +55,7 @@ def importance_ratio(
     from ablations.config import AblationConfigError, load_ablation_config
     from ablations.stopping import Stopped
     from policy_jax.checkpoint import CheckpointError
+    from policy_jax.sharding import MeshConfigError, first_devices
     from policy_jax.stages import StageError
 
     try:
@@ -83,8 +70,8 @@ def importance_ratio(
         from ablations.runner import run_ablation
 
         run_ablation(cfg, out or Path(cfg.output_dir), say=lambda line: typer.echo(line), resume=resume,
-                     devices=_first_devices(devices))
-    except (AblationConfigError, StageError, CheckpointError) as e:
+                     devices=first_devices(devices))
+    except (AblationConfigError, StageError, CheckpointError, MeshConfigError) as e:
         _fail(str(e))
     except Stopped as e:
         typer.echo(f"stopped: {e}", err=True)

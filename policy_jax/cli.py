@@ -45,6 +45,8 @@ def train(
     log_file: Optional[Path] = typer.Option(None, help="append every step's metrics as JSON lines"),
     tensorboard_dir: Optional[Path] = typer.Option(
         None, help="also write every step's metrics as TensorBoard scalars here"),
+    devices: Optional[int] = typer.Option(None, help="run on the first N devices (default: all); the config's mesh "
+                                          "is laid over those"),
 ) -> None:
     """Train one stage (RFT, value pretraining or PPO) on a trajectory file, or, without --stage, the
     stages the config lists in order (a finished stage is skipped, an interrupted one resumes)."""
@@ -53,13 +55,14 @@ def train(
     from policy_jax.model_config import ModelConfigError
     from policy_jax.params_import import CheckpointError as ImportCheckpointError
     from policy_jax.run_config import RunConfigError, load_run_config
-    from policy_jax.sharding import MeshConfigError
+    from policy_jax.sharding import MeshConfigError, first_devices
     from policy_jax.stages import StageError, read_trajectory_rows
     from policy_jax.train_run import json_line, run_pipeline, run_stage
 
     expected = (RunConfigError, ModelConfigError, MeshConfigError, StageError, CheckpointError, ImportCheckpointError)
     try:
         cfg = load_run_config(config)
+        chosen = first_devices(devices)
         if stage is not None and data is None:
             raise StageError("--stage needs --data")
         rows = read_trajectory_rows(data) if stage is not None else None
@@ -73,13 +76,14 @@ def train(
             if stage is None:
                 if steps is not None or actor_from or critic_from or not resume:
                     raise StageError("--steps, --actor-from, --critic-from and --no-resume go with --stage")
-                latest = run_pipeline(cfg, init_from=init_from, checkpoint_root=checkpoint_dir, log=log)
+                latest = run_pipeline(cfg, init_from=init_from, checkpoint_root=checkpoint_dir, log=log,
+                                      devices=chosen)
                 for role, directory in latest.items():
                     typer.echo(f"{role}: {directory}")
                 return
             states = run_stage(cfg, stage, rows, steps if steps is not None else cfg.train.steps,
                                init_from=init_from, actor_from=actor_from, critic_from=critic_from,
-                               checkpoint_root=checkpoint_dir, resume=resume, log=log)
+                               checkpoint_root=checkpoint_dir, resume=resume, log=log, devices=chosen)
         finally:
             sink.close()
     except expected as e:

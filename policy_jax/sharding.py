@@ -82,6 +82,16 @@ class MeshConfig:
         return dict(zip(MESH_AXES, sizes))
 
 
+def first_devices(count: int | None) -> list | None:
+    """The first `count` devices, for a run that should not take all of them (None: None, every device)."""
+    if count is None:
+        return None
+    available = jax.devices()
+    if not 1 <= count <= len(available):
+        raise MeshConfigError(f"--devices must be between 1 and {len(available)} (the devices there are), got {count}")
+    return available[:count]
+
+
 def make_mesh(config: MeshConfig | None = None, devices: list | None = None) -> Mesh:
     """A mesh with axes MESH_AXES over `devices` (default: all, every host)."""
     config = config or MeshConfig()

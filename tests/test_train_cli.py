@@ -25,6 +25,8 @@ def test_user_errors_are_one_line(tmp_path):
         (["--stage", "sft", "--config", "configs/tiny.yaml", "--data", str(data)], "unknown stage 'sft'"),
         (["--stage", "rft", "--config", "configs/tiny.yaml"], "--stage needs --data"),
         (["--config", "configs/tiny.yaml"], "the config has no `stages` list"),
+        (["--stage", "rft", "--config", "configs/tiny.yaml", "--data", str(data), "--devices", "0"],
+         "--devices must be between 1 and"),
     ]
     long = tmp_path / "long.parquet"  # every trajectory longer than the tiny config's 64-token window
     assert invoke("train-demo-data", "--out", str(long), "--rows", "4", "--max-len", "400")[0] == 0
@@ -45,7 +47,7 @@ def test_rft_run_then_resume(tmp_path):
     data = tmp_path / "d.parquet"
     invoke("train-demo-data", "--out", str(data), "--rows", "32", "--max-len", "48")
     common = ["train", "--stage", "rft", "--config", "configs/tiny.yaml", "--data", str(data),
-              "--checkpoint-dir", str(tmp_path / "ck")]
+              "--checkpoint-dir", str(tmp_path / "ck"), "--devices", "1"]
     code, out = invoke(*common, "--steps", "2", "--log-file", str(tmp_path / "log.jsonl"),
                        "--tensorboard-dir", str(tmp_path / "tb"))
     assert code == 0, out

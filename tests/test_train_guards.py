@@ -48,7 +48,7 @@ def test_a_divergent_run_stops_with_one_line_and_keeps_no_nan_checkpoint(tmp_pat
     runner = CliRunner()
     assert runner.invoke(app, ["train-demo-data", "--out", str(data), "--rows", "16", "--max-len", "48"]).exit_code == 0
     args = ["train", "--stage", "rft", "--config", str(config), "--data", str(data), "--checkpoint-dir", str(ck),
-            "--steps", "4"]
+            "--steps", "4", "--devices", "1"]
     for attempt in range(2):  # the rerun resumes from the last finite checkpoint and stops the same way
         result = runner.invoke(app, args)
         assert result.exit_code == 2, result.output
