@@ -112,6 +112,21 @@ def visible_gpu_count() -> int:
     return count.value
 
 
+def visible_gpu_names() -> list[str]:
+    """The model name of each GPU the CUDA driver shows this process, in its order (empty without one)."""
+    if not visible_gpu_count():
+        return []
+    driver = ctypes.CDLL("libcuda.so.1")
+    names = []
+    for ordinal in range(visible_gpu_count()):
+        device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
+        if driver.cuDeviceGet(ctypes.byref(device), ordinal) != 0 or driver.cuDeviceGetName(name, 256, device) != 0:
+            names.append("unknown GPU")
+        else:
+            names.append(name.value.decode(errors="replace"))
+    return names
+
+
 def resolve_backend(backend: str | None, gpu_count=visible_gpu_count) -> str:
     """`auto` (or None) -> cuda when a GPU is visible, else host; cuda without a GPU is a BackendError."""
     backend = backend or AUTO_BACKEND

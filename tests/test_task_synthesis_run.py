@@ -107,6 +107,33 @@ def test_the_cuda_backend_without_a_gpu_is_refused_before_the_journal_is_touched
     assert journal.read_bytes() == before and not out.exists()
 
 
+def test_a_cuda_run_is_resumed_only_on_the_gpu_model_it_started_on(tmp_path, monkeypatch):
+    """The time window is the GPU's: a journal begun on one model and continued on another would hold
+    tasks filtered by two different windows. The header names the GPU, and a resume elsewhere is refused."""
+    from task_synthesis.pipeline.journal import JournalError
+
+    import task_synthesis.pipeline.run as run_module
+
+    monkeypatch.setattr(run_module, "_check_backend", lambda backend: None)
+    out = tmp_path / "t.parquet"
+    options = RunOptions(out=out, count=1, config=SynthesisConfig(), backend="cuda", eval_dir=EXAMPLES)
+    monkeypatch.setattr(Synthesis, "_gpu_names", staticmethod(lambda: ["NVIDIA H200", "NVIDIA H200"]))
+    Synthesis(options, progress=lambda line: None)
+    header = json.loads(journal_path(out).read_text().splitlines()[0])
+    assert header["settings"]["gpu"] == "NVIDIA H200"
+    Synthesis(options, progress=lambda line: None)  # the same model resumes
+    monkeypatch.setattr(Synthesis, "_gpu_names", staticmethod(lambda: ["NVIDIA H100 80GB HBM3"]))
+    with pytest.raises(JournalError, match=r"other settings \(gpu differ\)"):
+        Synthesis(options, progress=lambda line: None)
+
+
+def test_without_a_gpu_no_gpu_name_is_read(monkeypatch):
+    from cuda_agent.contracts import visible_gpu_names
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpu_names() == []
+
+
 def _descendants(root: int) -> dict[int, str]:
     """pid -> start time of every process below `root` (the start time tells a reused pid apart)."""
     parents, starts = {}, {}
