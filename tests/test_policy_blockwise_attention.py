@@ -18,7 +18,8 @@ def _inputs(b=2, t=37, n=4, kv=2, h=8, seed=0):
 _plain = plain_attention
 
 
-@pytest.mark.parametrize("block_size", [1, 8, 16, 37, 64])
+# one query per block, blocks that leave a remainder (37 = 4 x 8 + 5), one block, a block longer than the row
+@pytest.mark.parametrize("block_size", [1, 8, 37, 64])
 def test_outputs_and_gradients_match_the_plain_path(block_size):
     q, k, v, seg = _inputs()
     valid = np.asarray(seg) != 0
