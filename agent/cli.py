@@ -302,6 +302,7 @@ def train_loop(
     tensorboard_dir: Optional[Path] = typer.Option(
         None, help="Also write every iteration's metrics as TensorBoard scalars here."),
     export_to: Optional[Path] = typer.Option(None, help="Write the final actor as a Hugging Face checkpoint here."),
+    devices: Optional[int] = typer.Option(None, help="Run on the first N devices (default: all); the config's mesh is laid over those."),
 ) -> None:
     """On-policy PPO: the actor plays episodes with its current weights, then learns from them."""
     import json
@@ -311,11 +312,13 @@ def train_loop(
     from agent.on_policy import run_on_policy
     from cuda_agent.metrics_sink import MetricsSink
     from policy_jax.run_config import RunConfigError, load_run_config
+    from policy_jax.sharding import MeshConfigError, first_devices
     from policy_jax.stages import StageError
 
     try:
         cfg = load_run_config(config)
-    except RunConfigError as error:
+        chosen = first_devices(devices)
+    except (RunConfigError, MeshConfigError) as error:
         _fail(str(error))
     agent_cfg = _config(agent_config, None, None, bridge)
     task_list = [load_task(p) for p in _task_files(tasks)]
@@ -341,7 +344,7 @@ def train_loop(
     try:
         with _evaluator_client(bridge, agent_cfg.backend, root / "fleet-logs") as client:
             states, _ = run_on_policy(cfg, agent_cfg, task_list, chat_tokenizer, client, iterations, root,
-                                      init_from=init_from, concurrency=concurrency, log=log)
+                                      init_from=init_from, concurrency=concurrency, log=log, devices=chosen)
     except (StageError, RuntimeError) as error:
         _fail(str(error))
     finally:

@@ -128,3 +128,13 @@ def test_train_loop_refuses_an_episodes_folder_of_an_earlier_run(tmp_path):
     assert code == 2, (output, exception)
     said = f"{tmp_path / 'eps'} already holds the episodes of a run (iteration-0000); give an empty --episodes-dir"
     assert said in " ".join(output.split())
+
+
+def test_train_loop_refuses_more_devices_than_there_are(tmp_path):
+    import jax
+
+    code, output, exception = invoke("train-loop", str(TASK_FILE), "--config", str(REPO / "configs" / "tiny_loop.yaml"),
+                                     "--episodes-dir", str(tmp_path / "eps"), "--devices", str(jax.device_count() + 1))
+    assert code == 2, (output, exception)
+    assert f"--devices must be between 1 and {jax.device_count()}" in output
+    assert not (tmp_path / "eps").exists()  # refused before anything was made
