@@ -114,11 +114,12 @@ def visible_gpu_count() -> int:
 
 def visible_gpu_names() -> list[str]:
     """The model name of each GPU the CUDA driver shows this process, in its order (empty without one)."""
-    if not visible_gpu_count():
+    count = visible_gpu_count()
+    if not count:
         return []
-    driver = ctypes.CDLL("libcuda.so.1")
+    driver = ctypes.CDLL("libcuda.so.1")  # loaded and initialised by visible_gpu_count
     names = []
-    for ordinal in range(visible_gpu_count()):
+    for ordinal in range(count):
         device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
         if driver.cuDeviceGet(ctypes.byref(device), ordinal) != 0 or driver.cuDeviceGetName(name, 256, device) != 0:
             names.append("unknown GPU")

@@ -112,17 +112,18 @@ def test_a_cuda_run_is_resumed_only_on_the_gpu_model_it_started_on(tmp_path, mon
     tasks filtered by two different windows. The header names the GPU, and a resume elsewhere is refused."""
     from task_synthesis.pipeline.journal import JournalError
 
+    import cuda_agent.contracts as contracts
     import task_synthesis.pipeline.run as run_module
 
     monkeypatch.setattr(run_module, "_check_backend", lambda backend: None)
     out = tmp_path / "t.parquet"
     options = RunOptions(out=out, count=1, config=SynthesisConfig(), backend="cuda", eval_dir=EXAMPLES)
-    monkeypatch.setattr(Synthesis, "_gpu_names", staticmethod(lambda: ["NVIDIA H200", "NVIDIA H200"]))
+    monkeypatch.setattr(contracts, "visible_gpu_names", lambda: ["NVIDIA H200", "NVIDIA H200"])
     Synthesis(options, progress=lambda line: None)
     header = json.loads(journal_path(out).read_text().splitlines()[0])
     assert header["settings"]["gpu"] == "NVIDIA H200"
     Synthesis(options, progress=lambda line: None)  # the same model resumes
-    monkeypatch.setattr(Synthesis, "_gpu_names", staticmethod(lambda: ["NVIDIA H100 80GB HBM3"]))
+    monkeypatch.setattr(contracts, "visible_gpu_names", lambda: ["NVIDIA H100 80GB HBM3"])
     with pytest.raises(JournalError, match=r"other settings \(gpu differ\)"):
         Synthesis(options, progress=lambda line: None)
 

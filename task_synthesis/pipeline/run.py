@@ -147,16 +147,12 @@ class Synthesis:
                     "catalogue_sha256": hashlib.sha256(catalogue).hexdigest()[:16],
                     "eval_programs_sha256": hashlib.sha256("\n".join(evals).encode()).hexdigest()[:16]}
         if self.o.backend == "cuda":  # the time window is the GPU's: a resume on another model would mix two
-            settings["gpu"] = ", ".join(sorted(set(self._gpu_names())))
+            from cuda_agent.contracts import visible_gpu_names
+
+            settings["gpu"] = ", ".join(sorted(set(visible_gpu_names())))
         if self.o.llm is not None:  # absent for the programmatic composer: its journals stay resumable
             settings["composer"] = {"name": "llm", "model": self.o.llm.model}
         return settings
-
-    @staticmethod
-    def _gpu_names() -> list[str]:
-        from cuda_agent.contracts import visible_gpu_names
-
-        return visible_gpu_names()
 
     def journal_settings(self) -> dict:
         return self._settings()
