@@ -12,7 +12,10 @@ if not os.environ.get("CUDA_AGENT_TEST_GPU"):
     # compiled the policy and training tests with ~20 % less CPU and ran the on-policy loop's 4,096-token
     # steps as fast (-O0 compiled faster still, but made those steps 1.5x slower). Floating-point semantics
     # are unchanged (XLA's fast-math stays off); every tolerance stays as it is.
-    _XLA_FLAGS += " --xla_backend_optimization_level=1"
+    # XLA's newer CPU fusion emitters (MLIR) off: the older emitters compiled the policy and training tests
+    # with ~27 % less CPU (62.8 -> 45.9 s for test_train_steps and test_policy_sampler together) and ran
+    # the on-policy loop and the ablation 8 % faster in all; same tolerances.
+    _XLA_FLAGS += " --xla_backend_optimization_level=1 --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("XLA_FLAGS", _XLA_FLAGS)
 
 # One evaluator cache for the whole run, persistent across runs: the tests' own builds (evaluator_helpers'
