@@ -7,7 +7,7 @@
 #   bash scripts/gpu_session.sh speed       # evaluation speed, both builds
 #   bash scripts/gpu_session.sh policy      # sampler / FP32 log-probs, critic and remat steps
 #   bash scripts/gpu_session.sh loop        # bridge share of a real evaluation, agent episodes/hour
-#   bash scripts/gpu_session.sh synthesis   # task synthesis at the paper's scale, resumable: runs/synth/
+#   bash scripts/gpu_session.sh synthesis   # task synthesis at the paper's scale, resumable: datasets/ops-h200/
 #
 # On a GPU machine without pyzmq, first install its wheel (fetched elsewhere with pip download):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -44,14 +44,15 @@ case "${1:-}" in
       --real-task examples/tasks/row_softmax.py --real-solution examples/solutions/cuda/row_softmax --backend cuda
     step bench_agent 360 "$PY" scripts/bench_agent.py --backend cuda --concurrency 6 --compile-workers 6
     ;;
-  synthesis)  # SYNTH_SECONDS (default 500) and SYNTH_WORKERS (12); running again resumes runs/synth/
-    mkdir -p runs/synth
+  synthesis)  # SYNTH_SECONDS (default 500), SYNTH_WORKERS (12); running again resumes the versioned journal
+    dir="${SYNTH_DIR:-datasets/ops-h200}"  # its journal is kept in git: a checkout does not outlive a session
+    mkdir -p "$dir"
     "$PY" scripts/machine_load.py --every 20 > "$OUT/machine_load.log" 2>&1 &
     monitor=$!
-    step synthesize "${SYNTH_SECONDS:-500}" "$PY" -m cuda_agent.cli data synthesize --out runs/synth/tasks.parquet \
+    step synthesize "${SYNTH_SECONDS:-500}" "$PY" -m cuda_agent.cli data synthesize --out "$dir/tasks.parquet" \
       --count 1000 --eval-dir examples/tasks --backend cuda --scale paper --workers "${SYNTH_WORKERS:-12}"
     kill "$monitor"
-    cp runs/synth/* "$OUT"/
+    cp "$dir"/tasks.* "$OUT"/
     ;;
   *)
     echo "usage: bash scripts/gpu_session.sh evaluator|speed|policy|loop|synthesis" >&2

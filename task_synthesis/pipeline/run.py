@@ -141,18 +141,7 @@ class Synthesis:
         self.kept_before = sum(self.kept.values())  # kept by earlier sessions of a resumed run
 
     def _settings(self) -> dict:
-        catalogue = Path(self.o.catalogue or store.DEFAULT_PATH).read_bytes()
-        evals = sorted(self.eval_index.names)
-        settings = {"config": self.o.config.to_dict(), "seed": self.o.seed, "backend": self.o.backend,
-                    "catalogue_sha256": hashlib.sha256(catalogue).hexdigest()[:16],
-                    "eval_programs_sha256": hashlib.sha256("\n".join(evals).encode()).hexdigest()[:16]}
-        if self.o.backend == "cuda":  # the time window is the GPU's: a resume on another model would mix two
-            from cuda_agent.contracts import visible_gpu_names
-
-            settings["gpu"] = ", ".join(sorted(set(visible_gpu_names())))
-        if self.o.llm is not None:  # absent for the programmatic composer: its journals stay resumable
-            settings["composer"] = {"name": "llm", "model": self.o.llm.model}
-        return settings
+        return run_settings(self.o, self.eval_index.names)
 
     def journal_settings(self) -> dict:
         return self._settings()
@@ -410,6 +399,24 @@ class Synthesis:
         else:
             self.jobs[entry["key"]] = job
             filtering[self.pool.submit(job)] = entry
+
+
+def run_settings(options: RunOptions, eval_names, gpu_names: list[str] | None = None) -> dict:
+    """What a journal is keyed by: a resume must match it exactly (the count may grow). `gpu_names`:
+    the GPUs a cuda run is on (None: read from the driver)."""
+    catalogue = Path(options.catalogue or store.DEFAULT_PATH).read_bytes()
+    settings = {"config": options.config.to_dict(), "seed": options.seed, "backend": options.backend,
+                "catalogue_sha256": hashlib.sha256(catalogue).hexdigest()[:16],
+                "eval_programs_sha256": hashlib.sha256("\n".join(sorted(eval_names)).encode()).hexdigest()[:16]}
+    if options.backend == "cuda":  # the time window is the GPU's: a resume on another model would mix two
+        if gpu_names is None:
+            from cuda_agent.contracts import visible_gpu_names
+
+            gpu_names = visible_gpu_names()
+        settings["gpu"] = ", ".join(sorted(set(gpu_names)))
+    if options.llm is not None:  # absent for the programmatic composer: its journals stay resumable
+        settings["composer"] = {"name": "llm", "model": options.llm.model}
+    return settings
 
 
 def _check_backend(backend: str) -> None:
