@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import math
 import secrets
 import shutil
 import time
@@ -45,6 +46,7 @@ from .verdict.bounds import precision, speed_of_light
 from .verdict.fault import (CUDA_ERROR_MARKERS, Verdict, candidate_failure, output_meta, reading_candidate_reply,
                             reference_failure, rejection, reply)
 from .verdict.record import finish, new_record
+from .verdict.more_rounds import fresh_sets_left, less_precise_than, plan_round
 from .verdict.schedule import CallRequests, call_schedule
 from .verdict.verify import (compare_outputs, criterion_of, on_device, outputs_ignore_inputs, relative_error,
                              scale_problem, tolerances)
@@ -447,46 +449,96 @@ class _Calls:
 
 def _run_calls(candidate: Child, reference: Child, check_inputs: list, timed: _TimedSets, settings: EvalSettings,
                record: dict) -> _Calls:
-    """Every call of one schedule (verdict/schedule.py), through the same path in the candidate child.
+    """Every call of one schedule (verdict/schedule.py), through the same path in the candidate child,
+    then further rounds of timed calls while the median is imprecise (verdict/more_rounds.py).
 
     Profiled on the host, each call after the warm-up is paired with one eager call in the reference
     child, just before it or just after it in turn: the two medians then come from the same seconds
     of a machine whose speed drifts by tens of percent from one second to the next."""
     schedule, sampled = call_schedule(settings.checks, timed.calls, len(timed.seeds), settings.timed_checks)
     requests = CallRequests(schedule, check_inputs, timed.inputs, settings.l2_flush_bytes)
-    calls = _Calls(schedule, {}, [], [])
+    calls = _Calls(list(schedule), {}, [], [])
+    caller = _Caller(candidate, reference, requests, calls, settings, call_timeout(record.get("reference_call_s"), settings))
     answer: dict = {}
-    limit = call_timeout(record.get("reference_call_s"), settings)
-    paired = settings.profile and settings.device_type() == "cpu" and settings.pair_host_eager
-    for position, (kind, index) in enumerate(schedule):
-        timeout = min(settings.child_timeout_s, limit + (settings.first_call_extra_s if position == 0 else 0.0))
-        request = {**requests.request(position, (kind, index)), "position": position}
-        pair_now = paired and position >= settings.warmup
-        if pair_now and position % 2 == 0:
-            calls.paired_eager.append(host_eager_call(reference, settings, position))
-        sent = time.perf_counter()
-        answer = reply(candidate, request, timeout, harness=False)
-        outside_us = (time.perf_counter() - sent) * 1e6
-        if pair_now and position % 2 == 1:
-            calls.paired_eager.append(host_eager_call(reference, settings, position))
-        if not answer.get("ok"):
-            raise candidate_failure(answer)
-        calls.splits.append(answer.get("split_us"))
-        calls.round_trips.append(outside_us)
-        if kind == "check" or position in sampled:
-            # The candidate's description of its output (class, device) is taken before the
-            # output is copied to the host; the wire's own metadata describes that copy.
-            calls.outputs[position] = (_output(candidate, answer, limit), output_meta(answer))
-        if position >= settings.warmup:
-            calls.times.append(answer.get("time_us"))
-            calls.walls.append(answer.get("wall_us"))
-            calls.outside.append(outside_us)
-            calls.timed_positions.append(position)
+    for position, call in enumerate(schedule):
+        answer = caller.call(position, call, checked=position in sampled)
+    if timed.calls and not requests.keep_sets:
+        _more_rounds(caller, reference, timed, len(sampled), settings, record)
     # CUDA: whether the driver demoted persisting L2 lines before every call (docs/cheats.md #19)
     on_cuda = settings.device_type() == "cuda"
     record["persisting_l2_reset"] = (answer.get("l2_resets") == len(schedule)) if on_cuda and schedule else None
     record["calls_split_us"] = summarize_split(calls.splits, calls.round_trips)
     return calls
+
+
+@dataclasses.dataclass
+class _Caller:
+    """One call of the candidate at a time, its answer and times added to `calls`."""
+
+    candidate: Child
+    reference: Child
+    requests: CallRequests
+    calls: _Calls
+    settings: EvalSettings
+    limit: float  # the candidate's call limit (call_timeout)
+
+    def call(self, position: int, call: tuple, checked: bool) -> dict:
+        settings, calls = self.settings, self.calls
+        paired = settings.profile and settings.device_type() == "cpu" and settings.pair_host_eager
+        timeout = min(settings.child_timeout_s, self.limit + (settings.first_call_extra_s if position == 0 else 0.0))
+        request = {**self.requests.request(position, call), "position": position}
+        pair_now = paired and position >= settings.warmup
+        if pair_now and position % 2 == 0:
+            calls.paired_eager.append(host_eager_call(self.reference, settings, position))
+        sent = time.perf_counter()
+        answer = reply(self.candidate, request, timeout, harness=False)
+        outside_us = (time.perf_counter() - sent) * 1e6
+        if pair_now and position % 2 == 1:
+            calls.paired_eager.append(host_eager_call(self.reference, settings, position))
+        if not answer.get("ok"):
+            raise candidate_failure(answer)
+        calls.splits.append(answer.get("split_us"))
+        calls.round_trips.append(outside_us)
+        if call[0] == "check" or checked:
+            # The candidate's description of its output (class, device) is taken before the
+            # output is copied to the host; the wire's own metadata describes that copy.
+            calls.outputs[position] = (_output(self.candidate, answer, self.limit), output_meta(answer))
+        if position >= settings.warmup:
+            calls.times.append(answer.get("time_us"))
+            calls.walls.append(answer.get("wall_us"))
+            calls.outside.append(outside_us)
+            calls.timed_positions.append(position)
+        return answer
+
+
+def _more_rounds(caller: _Caller, reference: Child, timed: _TimedSets, checked_in_schedule: int,
+                 settings: EvalSettings, record: dict) -> None:
+    """Rounds of `repeats` timed calls on fresh input sets while the candidate's median (and the paired
+    eager median) is less precise than the timing bound, within timing_rounds_budget_s."""
+    calls, bound = caller.calls, timing_se_bound(settings)
+    checked = math.ceil(checked_in_schedule * settings.repeats / timed.calls)
+    begin, rounds = time.perf_counter(), 0
+    while time.perf_counter() - begin < settings.timing_rounds_budget_s:
+        loose = less_precise_than({"candidate": calls.times, "eager": calls.paired_eager}, bound)
+        if not loose or fresh_sets_left(len(timed.seeds), timed.set_bytes, settings.fresh_input_bytes) < settings.repeats:
+            break
+        seeds = [secrets.randbits(31) for _ in range(settings.repeats)]
+        got = reply(reference, {"cmd": "inputs", "seeds": seeds}, settings.child_timeout_s, harness=True)
+        if not got.get("ok"):
+            raise reference_failure(got)
+        round_calls, sampled = plan_round(settings.repeats, checked, len(timed.seeds))
+        timed.seeds.extend(seeds)
+        timed.inputs.extend(got["inputs"])  # the same list CallRequests sends from
+        for offset, call in enumerate(round_calls):
+            calls.schedule.append(call)
+            caller.call(len(calls.schedule) - 1, call, checked=offset in sampled)
+        rounds += 1
+    if rounds or settings.timing_rounds_budget_s:
+        record["timing_rounds"] = {"extra_rounds": rounds, "extra_calls": rounds * settings.repeats,
+                                   "seconds": round(time.perf_counter() - begin, 4),
+                                   "still_imprecise": less_precise_than(
+                                       {"candidate": calls.times, "eager": calls.paired_eager}, bound)}
+    record["seeds"]["timed"] = timed.seeds
 
 
 def _output(candidate: Child, answer: dict, timeout: float):

@@ -39,8 +39,10 @@ def test_honest_workspace_profiled_is_correct_and_unflagged(build_cache):
     record = evaluate(AXPY_TASK, workspace("+"), host(build_cache, profile=True))
     assert record["status"] == "correct", record["message"]
     assert record["reward"] in (1, 2, 3)
-    assert record["checked_calls"] == {"checks": 5, "timed": 4, "calls": 12}  # 5 checks + 2 warm-up + 5 timed
-    assert record["fresh_inputs_per_call"] is True and len(set(record["seeds"]["timed"])) == 7
+    extra = record.get("timing_rounds", {}).get("extra_calls", 0)  # further rounds while the median is imprecise
+    checked = record["checked_calls"]
+    assert checked["checks"] == 5 and checked["calls"] == 12 + extra and checked["timed"] >= 4  # 5 checks + 2 warm-up + 5 timed
+    assert record["fresh_inputs_per_call"] is True and len(set(record["seeds"]["timed"])) == 7 + extra
     assert record["precision"]["downgrade_suspected"] is False and record["precision"]["relative_error"] < 1e-6
     assert record["sol_violation"] is False
     # bytes bound by hand: x, y and out are 4096 float32 each, read/written once at 4.3 TB/s
@@ -252,7 +254,7 @@ def test_11_checks_and_timed_calls_look_the_same_to_the_candidate(build_cache):
     settings = host(build_cache, profile=True, static_checks=False)
     record = evaluate(AXPY_TASK, workspace(model_new=model_new_with(body, init_extra="self.first = None")), settings)
     assert record["status"] == "correct", record["message"]
-    assert record["checked_calls"]["calls"] == 12
+    assert record["checked_calls"]["calls"] == 12 + record.get("timing_rounds", {}).get("extra_calls", 0)
 
 
 def _candidate_messages(monkeypatch) -> list:

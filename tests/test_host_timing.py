@@ -14,6 +14,7 @@ from evaluator_cuda.settings import HOST_MARGIN, EvalSettings, host_cache_flush_
 from evaluator_cuda.solutions import reference_solution
 from evaluator_cuda.timing.profile import median_rel_se, summarize_times
 from evaluator_cuda.timing.stability import baseline_recheck, drift_reason, eager_drift, unstable_times
+from evaluator_cuda.verdict.more_rounds import fresh_sets_left, less_precise_than, plan_round
 from evaluator_helpers import AXPY_TASK, build_cache, host, model_new_with, workspace  # noqa: F401
 
 MANY_CPUS = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2
@@ -93,10 +94,12 @@ def test_a_candidate_that_changes_threads_or_cpus_is_rejected(build_cache, chang
 def test_imprecise_times_earn_no_speed_up_and_are_not_cached(build_cache, tmp_path):
     """A bound no measurement meets: the reward is 1 whatever the times, and the baselines are
     measured again by the next evaluation."""
-    settings = host(str(tmp_path), profile=True, repeats=5, warmup=1, timing_se_bound=0.0, baseline_budget_s=0.0)
+    settings = host(str(tmp_path), profile=True, repeats=5, warmup=1, timing_se_bound=0.0, baseline_budget_s=0.0,
+                    timing_rounds_budget_s=0.2)
     first = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
     assert first["status"] == "correct" and first["reward"] == 1, first["message"]
     assert any(r.startswith("timing unstable") for r in first["speedup_withheld"])
+    assert first["timing_rounds"]["still_imprecise"]  # further rounds cannot meet a bound of 0 either
     assert first["baseline_not_cached"].startswith("timing unstable")
     second = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
     assert second["baseline_cache_hit"] is False
@@ -242,3 +245,52 @@ def test_host_baselines_and_candidate_calls_flush_the_same_bytes_before_each_cal
     buffer = flush_buffer(settings.l2_flush_bytes, "cpu")
     assert buffer.device.type == "cpu" and buffer.numel() * buffer.element_size() == settings.l2_flush_bytes
     assert flush_buffer(0, "cpu") is None
+
+
+def test_further_rounds_are_planned_on_new_sets_with_a_secret_sample_checked():
+    steady, noisy = [100.0] * 10, [50.0, 150.0] * 5
+    assert less_precise_than({"candidate": noisy, "eager": steady, "none": []}, 0.025) == ["candidate"]
+    assert less_precise_than({"candidate": [100.0]}, 0.025) == ["candidate"]  # one sample: cannot be told
+    assert fresh_sets_left(7, 1024, 10 * 1024) == 3 and fresh_sets_left(12, 1024, 10 * 1024) == 0
+    calls, sampled = plan_round(5, 3, first_set=7)
+    assert calls == [("timed", 7), ("timed", 8), ("timed", 9), ("timed", 10), ("timed", 11)]
+    assert len(sampled) == 3 and sampled <= set(range(5))
+    assert len({frozenset(plan_round(5, 2, 0)[1]) for _ in range(40)}) > 1  # not the same sample every time
+
+
+# Every other call of this binding spins for a while (a bimodal time no number of calls makes precise);
+# with WRONG_AFTER set, every call after that many gives a wrong first element.
+NOISY_BODY = """
+static long calls = 0;
+++calls;
+for (volatile long i = 0; i < (calls % 2 ? 2000000 : 0); ++i) {}
+if (calls > WRONG_AFTER) out.data_ptr<float>()[0] += 1.0f;
+"""
+
+
+def test_imprecise_candidate_times_get_further_rounds_within_the_budget(build_cache):
+    settings = dict(profile=True, repeats=5, warmup=1)
+    honest = workspace(binding_body=NOISY_BODY.replace("WRONG_AFTER", str(10**9)))
+    without = evaluate(AXPY_TASK, honest, host(build_cache, **settings, timing_rounds_budget_s=0.0))
+    assert without["status"] == "correct", without["message"]
+    base_times = without["times_us"]["candidate"]["n"]
+    assert "timing_rounds" not in without and base_times == without["checks"] + settings["repeats"]
+    record = evaluate(AXPY_TASK, honest, host(build_cache, **settings, timing_rounds_budget_s=1.0))
+    assert record["status"] == "correct", record["message"]
+    rounds = record["timing_rounds"]
+    assert rounds["extra_rounds"] >= 1 and rounds["extra_calls"] == 5 * rounds["extra_rounds"]
+    assert record["times_us"]["candidate"]["n"] == base_times + rounds["extra_calls"]
+    assert record["times_us"]["eager"]["n"] == record["times_us"]["candidate"]["n"]  # each call paired
+    assert len(record["seeds"]["timed"]) == settings["warmup"] + settings["repeats"] + rounds["extra_calls"]
+    assert rounds["seconds"] < 1.0 + 5.0  # the budget is checked before each round; a round is 5 calls
+
+
+def test_wrong_outputs_in_the_further_rounds_are_caught(build_cache):
+    """A candidate right in every call of the schedule and wrong in every later one: each further
+    round checks a secret sample of its outputs."""
+    settings = host(build_cache, profile=True, repeats=5, warmup=1, timing_rounds_budget_s=1.0)
+    base_calls = settings.checks + settings.warmup + settings.repeats
+    cheat = workspace(binding_body=NOISY_BODY.replace("WRONG_AFTER", str(base_calls)))
+    record = evaluate(AXPY_TASK, cheat, settings)
+    assert record["status"] == "incorrect" and record["reward"] == -1, record["message"]
+    assert record["message"].startswith("output of a timed call")

@@ -61,13 +61,15 @@ HONEST = "return cuda_extension.axpy_forward(x, y, float(self.alpha))"
 
 
 def _committed(cache: str, **overrides):
+    overrides.setdefault("timing_rounds_budget_s", 0.0)  # the schedule's calls alone
     return host(cache, commit_output_bytes=0, profile=True, repeats=5, timed_checks=4, **overrides)
 
 
 def test_an_evaluation_with_every_output_committed_gives_the_verdict_of_one_without(build_cache):
     solution = workspace(model_new=model_new_with(HONEST))
     committed = evaluate(AXPY_TASK, solution, _committed(build_cache))
-    sent = evaluate(AXPY_TASK, solution, host(build_cache, profile=True, repeats=5, timed_checks=4))
+    sent = evaluate(AXPY_TASK, solution, host(build_cache, profile=True, repeats=5, timed_checks=4,
+                                              timing_rounds_budget_s=0.0))
     for record in (committed, sent):
         assert record["status"] == "correct", record["message"]
         assert record["checked_calls"] == {"checks": 5, "timed": 4, "calls": 12}
