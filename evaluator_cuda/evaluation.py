@@ -204,13 +204,16 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
                 eager_before = _eager_sample(reference, settings, baseline_protocol(settings))
         say("running the candidate's calls")
         with _step(record, "calls"):
-            calls = _run_calls(candidate, reference, checks["inputs"], timed, settings, record)
-        if _keep_warm:  # the timed calls are over: the next evaluation's children may start now
-            _STANDBY.refill(slot.env, slot.guard, slot.device_type)
+            calls, caller = _run_calls(candidate, reference, checks["inputs"], timed, settings, record)
         with _step(record, "expected"):
             expected = _expected_outputs(reference, calls, checks["outputs"], timed.seeds, settings)
         with _step(record, "judge"):
             _judge_outputs(calls, expected, settings, record)
+        if settings.timing_rounds_budget_s > 0 and timed.calls and not caller.requests.keep_sets:  # judged first:
+            with _step(record, "more_rounds"):  # no rounds for a candidate that is already wrong
+                _more_rounds(caller, reference, timed, len(expected.timed), settings, record)
+        if _keep_warm:  # the timed calls are over: the next evaluation's children may start now
+            _STANDBY.refill(slot.env, slot.guard, slot.device_type)
         with _step(record, "attribution"):
             trace = attribute_kernels(candidate, solution, extension, settings, record)
         record["wall_s"]["verify"] = round(time.perf_counter() - begin, 4)
@@ -448,9 +451,9 @@ class _Calls:
 
 
 def _run_calls(candidate: Child, reference: Child, check_inputs: list, timed: _TimedSets, settings: EvalSettings,
-               record: dict) -> _Calls:
-    """Every call of one schedule (verdict/schedule.py), through the same path in the candidate child,
-    then further rounds of timed calls while the median is imprecise (verdict/more_rounds.py).
+               record: dict) -> tuple[_Calls, "_Caller"]:
+    """Every call of one schedule (verdict/schedule.py), through the same path in the candidate child;
+    with the caller that makes further rounds of them later (_more_rounds).
 
     Profiled on the host, each call after the warm-up is paired with one eager call in the reference
     child, just before it or just after it in turn: the two medians then come from the same seconds
@@ -462,13 +465,11 @@ def _run_calls(candidate: Child, reference: Child, check_inputs: list, timed: _T
     answer: dict = {}
     for position, call in enumerate(schedule):
         answer = caller.call(position, call, checked=position in sampled)
-    if timed.calls and not requests.keep_sets:
-        _more_rounds(caller, reference, timed, len(sampled), settings, record)
     # CUDA: whether the driver demoted persisting L2 lines before every call (docs/cheats.md #19)
     on_cuda = settings.device_type() == "cuda"
     record["persisting_l2_reset"] = (answer.get("l2_resets") == len(schedule)) if on_cuda and schedule else None
     record["calls_split_us"] = summarize_split(calls.splits, calls.round_trips)
-    return calls
+    return calls, caller
 
 
 @dataclasses.dataclass
@@ -514,31 +515,62 @@ class _Caller:
 def _more_rounds(caller: _Caller, reference: Child, timed: _TimedSets, checked_in_schedule: int,
                  settings: EvalSettings, record: dict) -> None:
     """Rounds of `repeats` timed calls on fresh input sets while the candidate's median (and the paired
-    eager median) is less precise than the timing bound, within timing_rounds_budget_s."""
+    eager median) is less precise than the timing bound, within timing_rounds_budget_s; each round's
+    secret sample of outputs is judged before the next (verdict/more_rounds.py)."""
     calls, bound = caller.calls, timing_se_bound(settings)
     checked = math.ceil(checked_in_schedule * settings.repeats / timed.calls)
-    begin, rounds = time.perf_counter(), 0
-    while time.perf_counter() - begin < settings.timing_rounds_budget_s:
-        loose = less_precise_than({"candidate": calls.times, "eager": calls.paired_eager}, bound)
-        if not loose or fresh_sets_left(len(timed.seeds), timed.set_bytes, settings.fresh_input_bytes) < settings.repeats:
-            break
-        seeds = [secrets.randbits(31) for _ in range(settings.repeats)]
-        got = reply(reference, {"cmd": "inputs", "seeds": seeds}, settings.child_timeout_s, harness=True)
-        if not got.get("ok"):
-            raise reference_failure(got)
-        round_calls, sampled = plan_round(settings.repeats, checked, len(timed.seeds))
-        timed.seeds.extend(seeds)
-        timed.inputs.extend(got["inputs"])  # the same list CallRequests sends from
-        for offset, call in enumerate(round_calls):
-            calls.schedule.append(call)
-            caller.call(len(calls.schedule) - 1, call, checked=offset in sampled)
-        rounds += 1
-    if rounds or settings.timing_rounds_budget_s:
-        record["timing_rounds"] = {"extra_rounds": rounds, "extra_calls": rounds * settings.repeats,
+    begin, rounds, calls_before = time.perf_counter(), 0, len(calls.schedule)
+    try:
+        while time.perf_counter() - begin < settings.timing_rounds_budget_s:
+            loose = less_precise_than({"candidate": calls.times, "eager": calls.paired_eager}, bound)
+            if not loose or fresh_sets_left(len(timed.seeds), timed.set_bytes, settings.fresh_input_bytes) < settings.repeats:
+                break
+            _one_round(caller, reference, timed, checked, settings, record)
+            rounds += 1
+    finally:  # also when a round's outputs were wrong: the record says which round it was
+        record["timing_rounds"] = {"extra_rounds": rounds, "extra_calls": len(calls.schedule) - calls_before,
                                    "seconds": round(time.perf_counter() - begin, 4),
                                    "still_imprecise": less_precise_than(
                                        {"candidate": calls.times, "eager": calls.paired_eager}, bound)}
-    record["seeds"]["timed"] = timed.seeds
+        record["checked_calls"]["calls"] = len(calls.schedule)
+
+
+def _one_round(caller: _Caller, reference: Child, timed: _TimedSets, checked: int, settings: EvalSettings,
+               record: dict) -> None:
+    """`repeats` timed calls on new input sets, then the verdict on a secret sample of their outputs."""
+    calls = caller.calls
+    seeds = [secrets.randbits(31) for _ in range(settings.repeats)]
+    got = reply(reference, {"cmd": "inputs", "seeds": seeds}, settings.child_timeout_s, harness=True)
+    if not got.get("ok"):
+        raise reference_failure(got)
+    round_calls, sampled = plan_round(settings.repeats, checked, len(timed.seeds))
+    timed.seeds.extend(seeds)
+    timed.inputs.extend(got["inputs"])  # the same list CallRequests sends from
+    positions = []
+    for offset, call in enumerate(round_calls):
+        calls.schedule.append(call)
+        positions.append(len(calls.schedule) - 1)
+        caller.call(positions[-1], call, checked=offset in sampled)
+    _judge_round(reference, calls, [positions[i] for i in sorted(sampled)], timed.seeds, settings, record)
+
+
+def _judge_round(reference: Child, calls: _Calls, positions: list[int], timed_seeds: list[int],
+                 settings: EvalSettings, record: dict) -> None:
+    """The checked outputs of one further round against their reference outputs; freed once judged."""
+    if not positions:
+        return
+    round_calls = dataclasses.replace(calls, outputs={k: calls.outputs.pop(k) for k in positions})
+    expected = _expected_outputs(reference, round_calls, [], timed_seeds, settings)
+    _judge_outputs(round_calls, expected, settings, record, judge=_judge_timed_outputs)
+    record["checked_calls"]["timed"] += len(positions)
+
+
+def _judge_timed_outputs(calls: "_Calls", expected: "_Expected", settings: EvalSettings, record: dict) -> None:
+    _, wrong = _compare(calls, expected, settings)
+    if wrong is not None:
+        position, problem = wrong
+        record["failed_criterion"] = criterion_of(problem)
+        raise Verdict("incorrect", f"output of a timed call: {problem}")
 
 
 def _output(candidate: Child, answer: dict, timeout: float):
@@ -594,18 +626,19 @@ def judge_device(settings: EvalSettings) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _judge_outputs(calls: _Calls, expected: _Expected, settings: EvalSettings, record: dict) -> None:
-    """The verdict on the outputs, on judge_device(); the device copies are released after it."""
+def _judge_outputs(calls: _Calls, expected: _Expected, settings: EvalSettings, record: dict, judge=None) -> None:
+    """The verdict on the outputs (`judge`: _judge), on judge_device(); the device copies are released after it."""
+    judge = judge or _judge
     device = judge_device(settings)
     record["judged_on"] = device
     if device == "cpu":
-        return _judge(calls, expected, settings, record)
+        return judge(calls, expected, settings, record)
     import torch
 
     outputs = {k: (on_device(value, device), meta) for k, (value, meta) in calls.outputs.items()}
     at = {k: on_device(value, device) for k, value in expected.at.items()}
     try:
-        _judge(dataclasses.replace(calls, outputs=outputs), dataclasses.replace(expected, at=at), settings, record)
+        judge(dataclasses.replace(calls, outputs=outputs), dataclasses.replace(expected, at=at), settings, record)
     finally:
         del outputs, at
         torch.cuda.empty_cache()

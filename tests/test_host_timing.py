@@ -157,7 +157,7 @@ def test_host_calls_are_paired_with_eager_calls_on_the_same_machine_moment():
     settings = EvalSettings.for_backend("host", profile=True, checks=2, warmup=2, repeats=8)
     timed = evaluation._TimedSets(seeds=[1, 2], inputs=[[], []], calls=settings.warmup + settings.repeats, set_bytes=0)
     machine = _DriftingMachine(fast_requests=2 + 2 * 5)  # the warm-up calls, then five pairs at full speed
-    calls = evaluation._run_calls(machine.child("candidate"), machine.child("reference"), [[], []], timed, settings, {})
+    calls, _ = evaluation._run_calls(machine.child("candidate"), machine.child("reference"), [[], []], timed, settings, {})
     assert machine.requests[:2] == ["candidate", "candidate"]  # the warm-up calls are not paired
     pairs = [machine.requests[i:i + 2] for i in range(2, len(machine.requests), 2)]
     assert pairs == [["reference", "candidate"], ["candidate", "reference"]] * 5  # before, after, in turn
@@ -294,4 +294,6 @@ def test_wrong_outputs_in_the_further_rounds_are_caught(build_cache):
     cheat = workspace(binding_body=NOISY_BODY.replace("WRONG_AFTER", str(base_calls)))
     record = evaluate(AXPY_TASK, cheat, settings)
     assert record["status"] == "incorrect" and record["reward"] == -1, record["message"]
-    assert record["message"].startswith("output of a timed call")
+    assert record["message"].startswith("output of a timed call") and record["timing_rounds"]["extra_rounds"] == 0
+    wrong = evaluate(AXPY_TASK, workspace("-"), settings)  # wrong from the start: judged before any round
+    assert wrong["status"] == "incorrect" and "timing_rounds" not in wrong

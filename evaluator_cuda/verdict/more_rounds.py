@@ -3,11 +3,12 @@
 A fixed number of timed calls gives a median whose precision depends on the machine: on a shared
 CPU a few sub-millisecond calls can leave it at ±7 % where the margin needs ±2.5 %. After the
 schedule's calls, while the candidate's median (and, on the host, the paired eager median) is
-less precise than the timing bound, one more round of timed calls runs, until the bound is met,
-the round budget (`settings.timing_rounds_budget_s`) is spent or no fresh input set fits the byte
-budget. Each round looks like the schedule's timed calls to the candidate: every call has an input
-set of its own, never seen before, sent with the call; a secret sample of its outputs is checked
-against the reference, as many as the schedule checks among its timed calls.
+less precise than the timing bound, and once the schedule's outputs have passed, one more round of
+timed calls runs, until the bound is met, the round budget (`settings.timing_rounds_budget_s`) is
+spent or no fresh input set fits the byte budget. Each round looks like the schedule's timed calls to
+the candidate: every call has an input set of its own, never seen before, sent with the call; a
+secret sample of its outputs (the share the schedule checks among its timed calls) is judged against
+the reference before the next round.
 """
 
 from __future__ import annotations
