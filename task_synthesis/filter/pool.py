@@ -64,6 +64,8 @@ class Worker:
         except subprocess.TimeoutExpired:
             code = None
         what = f"the worker {describe_exit(code)}" if code is not None else f"the worker's reply: {error}"
+        if code is not None:  # what it wrote before it exited may still be on its way to the reading thread
+            self._drain.join(timeout=1.0)
         line = self.last_line()
         return f"{what} ({line})" if line else what
 
