@@ -482,13 +482,17 @@ class _Caller:
     calls: _Calls
     settings: EvalSettings
     limit: float  # the candidate's call limit (call_timeout)
+    paired: bool = dataclasses.field(init=False)  # host eager timed beside each timed call
+
+    def __post_init__(self):
+        settings = self.settings
+        self.paired = settings.profile and settings.device_type() == "cpu" and settings.pair_host_eager
 
     def call(self, position: int, call: tuple, checked: bool) -> dict:
         settings, calls = self.settings, self.calls
-        paired = settings.profile and settings.device_type() == "cpu" and settings.pair_host_eager
         timeout = min(settings.child_timeout_s, self.limit + (settings.first_call_extra_s if position == 0 else 0.0))
         request = {**self.requests.request(position, call), "position": position}
-        pair_now = paired and position >= settings.warmup
+        pair_now = self.paired and position >= settings.warmup
         if pair_now and position % 2 == 0:
             calls.paired_eager.append(host_eager_call(self.reference, settings, position))
         sent = time.perf_counter()
@@ -566,11 +570,7 @@ def _judge_round(reference: Child, calls: _Calls, positions: list[int], timed_se
 
 
 def _judge_timed_outputs(calls: "_Calls", expected: "_Expected", settings: EvalSettings, record: dict) -> None:
-    _, wrong = _compare(calls, expected, settings)
-    if wrong is not None:
-        position, problem = wrong
-        record["failed_criterion"] = criterion_of(problem)
-        raise Verdict("incorrect", f"output of a timed call: {problem}")
+    _reject_wrong(calls, _compare(calls, expected, settings)[1], record)
 
 
 def _output(candidate: Child, answer: dict, timeout: float):
@@ -651,12 +651,7 @@ def _judge(calls: _Calls, expected: _Expected, settings: EvalSettings, record: d
         first = expected.at[expected.checks[0]]
         record["tolerance"] = tolerances(first, settings.atol, settings.rtol, settings.norm_rtol)
     worst_error, wrong = _compare(calls, expected, settings)
-    if wrong is not None:
-        position, problem = wrong
-        kind, index = calls.schedule[position]
-        what = f"input set {index}" if kind == "check" else "output of a timed call"
-        record["failed_criterion"] = criterion_of(problem)
-        raise Verdict("incorrect", f"{what}: {problem}")
+    _reject_wrong(calls, wrong, record)
     checked = [expected.at[k] for k in expected.checks], [calls.outputs[k][0] for k in expected.checks]
     if outputs_ignore_inputs(*checked):
         record["failed_criterion"] = "constant_output"
@@ -668,6 +663,17 @@ def _judge(calls: _Calls, expected: _Expected, settings: EvalSettings, record: d
         bound = record["precision"]["bound"]
         message = f"relative error {worst_error:.3g} exceeds the {bound:g} an honest kernel of this dtype reaches"
         raise rejection("precision_downgrade", message)
+
+
+def _reject_wrong(calls: _Calls, wrong: tuple | None, record: dict) -> None:
+    """`incorrect` for the first wrong output _compare() found (position, problem), naming its call."""
+    if wrong is None:
+        return
+    position, problem = wrong
+    kind, index = calls.schedule[position]
+    what = f"input set {index}" if kind == "check" else "output of a timed call"
+    record["failed_criterion"] = criterion_of(problem)
+    raise Verdict("incorrect", f"{what}: {problem}")
 
 
 def _compare(calls: _Calls, expected: _Expected, settings: EvalSettings) -> tuple[float | None, tuple | None]:
