@@ -177,14 +177,26 @@ def test_an_evaluation_with_a_forked_candidate_agrees_with_a_fresh_one(build_cac
     assert wrong["status"] == "incorrect" and wrong["reward"] == -1
 
 
+@pytest.fixture(scope="module")
+def servers_holding_a_secret(build_cache):
+    """Fork servers started (and warm) while the evaluator's environment holds a secret token, shared by
+    the probes below: each probe is one evaluation, not a warm-up and a server start as well."""
+    with pytest.MonkeyPatch.context() as patch:
+        forkserver.close_all()
+        patch.setenv(forkserver.FORK_ENV, "1")
+        patch.setenv("CUDA_AGENT_TEST_TOKEN", SECRET)
+        _warm(build_cache)
+        yield
+        forkserver.close_all()
+
+
 @pytest.mark.parametrize("what", ["environment", "process_environment", "secret_file", "processes", "server_memory"])
-def test_a_forked_candidate_sees_nothing_of_the_evaluator_or_its_server(build_cache, tmp_path, forking, monkeypatch,
+def test_a_forked_candidate_sees_nothing_of_the_evaluator_or_its_server(build_cache, tmp_path, servers_holding_a_secret,
                                                                         what):
-    monkeypatch.setenv("CUDA_AGENT_TEST_TOKEN", SECRET)
+    assert os.environ["CUDA_AGENT_TEST_TOKEN"] == SECRET and os.environ[forkserver.FORK_ENV] == "1"
     secret = tmp_path / "secret.txt"
     secret.write_text(SECRET)
     secret.chmod(0o644)
-    _warm(build_cache)
     server_pid = next(s.proc.pid for s in forkserver.servers() if s.proc.args[-1] == forkserver.SERVER_MODULE
                       and "PYTHONNOUSERSITE" in _environ(s.proc.pid))
     expression = {

@@ -209,8 +209,10 @@ def test_a_killed_or_hung_worker_makes_its_candidate_a_worker_rejection_and_is_r
         os.kill(_one_worker(), signal.SIGKILL)
         verdict = slow.result(timeout=60)
         assert verdict["stage"] == "worker" and verdict["reason"].startswith("the worker was killed by SIGKILL")
-        hang = ("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\n"  # its zygote, which would stop it
-                "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])\nwhile True:\n    pass")
+        # It stops its zygote (which would stop it) and blocks its alarm, then waits without end; asleep rather
+        # than spinning, so that the 8 s it holds its worker do not take a core from the tests beside it.
+        hang = ("import os, signal, time\nos.kill(os.getppid(), signal.SIGSTOP)\n"
+                "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])\nwhile True:\n    time.sleep(1)")
         begin = time.monotonic()
         verdict = pool.submit(filter_job("2:2", planted(task, "hang", hang), time_limit_s=1.0)).result(timeout=300)
         assert (verdict["stage"], verdict["reason"]) == ("worker", "the worker gave no verdict within 8 s")
