@@ -13,7 +13,8 @@ from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.settings import HOST_MARGIN, HOST_TIMING_ROUNDS_S, EvalSettings, host_cache_flush_bytes
 from evaluator_cuda.solutions import reference_solution
 from evaluator_cuda.timing.profile import median_rel_se, summarize_times
-from evaluator_cuda.timing.stability import baseline_recheck, drift_reason, eager_drift, unstable_times
+from evaluator_cuda.timing.stability import (baseline_protocol, baseline_recheck, drift_reason, eager_drift,
+                                             unstable_times)
 from evaluator_cuda.verdict.more_rounds import fresh_sets_left, less_precise_than, plan_round
 from evaluator_helpers import AXPY_TASK, build_cache, host, model_new_with, workspace  # noqa: F401
 
@@ -297,3 +298,28 @@ def test_wrong_outputs_in_the_further_rounds_are_caught(build_cache):
     assert record["message"].startswith("output of a timed call") and record["timing_rounds"]["extra_rounds"] == 0
     wrong = evaluate(AXPY_TASK, workspace("-"), settings)  # wrong from the start: judged before any round
     assert wrong["status"] == "incorrect" and "timing_rounds" not in wrong
+
+
+def test_each_baseline_call_is_prepared_as_a_candidate_call_is(monkeypatch):
+    """Every eager or compile baseline call, warm-up included, gets fresh copies of the inputs and the
+    freed blocks of the last output's size poisoned before it, as each candidate call does."""
+    import torch
+
+    from evaluator_cuda.roles.reference import CandidateLikeCalls
+    from evaluator_cuda.timing import profile
+
+    inputs = [torch.arange(6.0), 3]
+    seen, poisoned = [], []
+
+    def model(x, k):
+        seen.append((x.data_ptr(), x.clone(), k))
+        return x * k
+
+    calls = CandidateLikeCalls(model, inputs, "cpu")
+    monkeypatch.setattr(profile, "poison_allocator",
+                        lambda sizes, parity, device: poisoned.append((list(sizes), parity)))
+    samples, out = profile.time_forward(calls, warmup=2, repeats=3, device_type="cpu", prepare=calls.prepare)
+    assert len(samples) == 3 and len(seen) == 5 and torch.equal(out, inputs[0] * 3)
+    assert all(ptr != inputs[0].data_ptr() and torch.equal(x, inputs[0]) and k == 3 for ptr, x, k in seen)
+    assert poisoned == [([], 0)] + [([6 * 4], p % 2) for p in range(1, 5)]  # the output's bytes from the first call on
+    assert baseline_protocol(host(".")).get("calls") == "prepared_as_candidate"  # old cached baselines are not reused

@@ -104,13 +104,16 @@ def summarize_times(samples_us: list[float]) -> dict:
     }
 
 
-def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_bytes: int = 0):
-    """Per-call times (µs) of `call()` after `warmup` untimed calls; returns (samples, last_output)."""
+def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_bytes: int = 0, prepare=None):
+    """Per-call times (µs) of `call()` after `warmup` untimed calls; returns (samples, last_output).
+    `prepare(position)`, when given, runs before every call, untimed, before the cache flush."""
     import torch
 
+    prepare = prepare or (lambda position: None)
     output = None
     with torch.no_grad():
-        for _ in range(warmup):
+        for position in range(warmup):
+            prepare(position)
             output = call()
         flush = flush_buffer(l2_flush_bytes, device_type)
         if device_type == "cuda":
@@ -118,6 +121,7 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
             torch.cuda.synchronize()
             for i in range(repeats):
+                prepare(warmup + i)
                 if flush is not None:
                     flush.zero_()
                 torch.cuda._sleep(LAUNCH_PAD_CYCLES)
@@ -128,7 +132,8 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
             samples = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
         else:
             samples = []
-            for _ in range(repeats):
+            for i in range(repeats):
+                prepare(warmup + i)
                 flush_l2(flush)
                 begin = _clock_ns()
                 output = call()

@@ -56,8 +56,9 @@ def reward_noise_cannot_make(times: dict, margin: float) -> int:
 
 def baseline_protocol(settings) -> dict:
     """Everything besides the task, device, torch release and compile mode that changes a baseline's time."""
+    # "calls": each baseline call prepared as a candidate's call is (roles/reference.py CandidateLikeCalls)
     protocol = {"warmup": settings.warmup, "repeats": settings.repeats, "l2_flush_bytes": settings.l2_flush_bytes,
-                "backend": settings.backend}
+                "backend": settings.backend, "calls": "prepared_as_candidate"}
     if settings.device_type() == "cpu":
         protocol.update(host_threads=settings.host_threads, host_pin_cpu=settings.host_pin_cpu,
                         host_pages="thp")  # torch's CPU blocks on huge pages (sandbox.MALLOC_ENV)
