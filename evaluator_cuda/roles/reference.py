@@ -83,7 +83,7 @@ class ReferenceRole:
         self.timing_inputs = None
         self.flush = None  # zeroed before each baseline call timed one per request (host)
         self.compiled = None  # torch.compile of the model, for the per-call host baselines
-        self.block_sizes: list[int] = []  # output sizes of the last baseline call (poisoned before the next)
+        self.last_output = None  # of the last baseline call timed one per request (its blocks are poisoned next)
         self.timed_outputs: dict = {}  # seed -> reference output of a timed input set
         self.generate_on_device = True
 
@@ -206,18 +206,17 @@ class ReferenceRole:
         fresh copies of the inputs, freed blocks poisoned, the caches flushed, then the timed call alone."""
         import torch
 
-        from ..timing.profile import flush_buffer, flush_l2, poison_allocator, time_one_call
+        from ..timing.profile import flush_buffer, flush_l2, time_one_call
 
         model = self.model if req["which"] == "eager" else self.compiled
-        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.timing_inputs]
-        poison_allocator(self.block_sizes, int(req.get("poison", 0)), self.device)
+        calls = CandidateLikeCalls(model, self.timing_inputs, self.device, last_output=self.last_output)
+        self.last_output = None
+        calls.prepare(int(req.get("poison", 0)))
         if self.flush is None:
             self.flush = flush_buffer(int(req.get("l2_flush_bytes", 0)), self.device)
         flush_l2(self.flush)
         with torch.no_grad():
-            out, time_us, _ = time_one_call(lambda: model(*args), self.device)
-        self.block_sizes = [t.numel() * t.element_size() for t in (out if isinstance(out, (list, tuple)) else [out])
-                            if isinstance(t, torch.Tensor)][-4:]
+            self.last_output, time_us, _ = time_one_call(calls, self.device)
         return {"time_us": time_us}
 
     def do_outputs(self, req: dict) -> dict:
@@ -272,27 +271,28 @@ class CandidateLikeCalls:
     measured without it, the candidate's calls alone paid for them (0.3-1.3 µs a call on the H100, up to
     9 % of a 15 µs kernel, docs/figures.md)."""
 
-    def __init__(self, model, inputs: list, device: str):
+    def __init__(self, model, inputs: list, device: str, last_output=None):
         self.model, self.inputs, self.device = model, list(inputs), device
-        self.args, self.block_sizes = list(inputs), []
+        self.args, self.output = list(inputs), last_output
 
     def prepare(self, position: int) -> None:
+        """Untimed, before the call at `position` (its parity picks the poison pattern)."""
         import torch
 
         from ..timing.profile import poison_allocator, reset_persisting_l2
 
+        outputs = self.output if isinstance(self.output, (list, tuple)) else [self.output]
+        block_sizes = [t.numel() * t.element_size() for t in outputs if isinstance(t, torch.Tensor)][-4:]
+        self.output = None
         self.args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.inputs]
-        poison_allocator(self.block_sizes, position % 2, self.device)
+        poison_allocator(block_sizes, position % 2, self.device)
         if self.device == "cuda":
             reset_persisting_l2()
 
     def __call__(self):
-        import torch
-
-        out = self.model(*self.args)
-        outputs = out if isinstance(out, (list, tuple)) else [out]
-        self.block_sizes = [t.numel() * t.element_size() for t in outputs if isinstance(t, torch.Tensor)][-4:]
-        return out
+        """The timed call itself: nothing but the model's (the sizes are read in the next prepare)."""
+        self.output = self.model(*self.args)
+        return self.output
 
 
 def _timed_until_stable(calls: CandidateLikeCalls, kwargs: dict, bound: float | None, budget_s: float) -> dict:
