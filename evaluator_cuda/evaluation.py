@@ -98,7 +98,7 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
     try:
         # The children start first, so that they warm while the sources are checked and built.
         say("starting the sandboxed children")
-        slot = _STANDBY.take({**build_env(settings), **trace_env(settings)}, child_guard(settings),
+        slot = _STANDBY.take({**build_env(settings), **trace_env(settings, solution.format)}, child_guard(settings),
                              settings.device_type())
         record["children_warm_s"] = round(time.monotonic() - slot.started_at, 4)
         _evaluate(task, solution, settings, artifact, record, slot)

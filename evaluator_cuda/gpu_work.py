@@ -27,9 +27,14 @@ def traces_kernels(settings: EvalSettings) -> bool:
     return settings.device_type() == "cuda" and settings.kernel_attribution
 
 
-def trace_env(settings: EvalSettings) -> dict[str, str]:
-    """What a candidate child's environment needs for its trace to start before candidate code."""
-    return {TRACE_ENV: "1"} if traces_kernels(settings) else {}
+def trace_env(settings: EvalSettings, solution_format: str) -> dict[str, str]:
+    """What a candidate child's environment needs for its trace to start before candidate code. The
+    harness self-check (format "reference": the task's own Model, nothing to attribute) is never traced:
+    a trace stopped after it started leaves CUPTI loaded in the process, and the self-check's calls must be
+    timed as the baselines' are."""
+    if solution_format == "reference" or not traces_kernels(settings):
+        return {}
+    return {TRACE_ENV: "1"}
 
 
 def attribute_kernels(candidate: Child, solution: Solution, extension: Path | None, settings: EvalSettings,

@@ -218,3 +218,29 @@ def test_a_trace_the_candidate_process_breaks_or_fails_is_its_runtime_error(trac
     with pytest.raises(Verdict) as raised:
         attribute_kernels(_ReplyingWith({"ok": True, "trace": trace}), solution, None, EvalSettings.for_backend("cuda"), {})
     assert raised.value.status == "runtime_error" and message in raised.value.message, raised.value.message
+
+
+@pytest.mark.parametrize("solution_format, traced",
+                         [("reference", False), ("workspace", True), ("kernelbench", True)])
+def test_a_self_checks_children_start_untraced_and_a_candidates_traced(monkeypatch, solution_format, traced):
+    """The switch that starts the trace is in the environment the evaluation's children are started with;
+    a self-check's pair never starts it, so its calls are timed as the baselines' are."""
+    from evaluator_cuda import evaluation
+    from evaluator_cuda.settings import EvalSettings
+    from evaluator_cuda.solutions import Solution
+    from evaluator_cuda.tasks import load_tasks
+    from evaluator_cuda.timing.kernel_trace import TRACE_ENV
+
+    started_with = []
+
+    def take(env, guard, device_type):
+        started_with.append(dict(env))
+        raise RuntimeError("no children in this test")
+
+    monkeypatch.setattr(evaluation._STANDBY, "take", take)
+    task = load_tasks(Path(__file__).resolve().parents[1] / "examples" / "tasks" / "row_l2_norm.py").tasks[0]
+    solution = Solution(solution_format, {}, "", "row_l2_norm")
+    for backend, trace_expected in (("cuda", traced), ("host", False)):
+        record = evaluation.evaluate(task, solution, EvalSettings.for_backend(backend))
+        assert record["status"] == "infra_error" and "no children in this test" in record["message"]
+        assert (started_with.pop().get(TRACE_ENV) == "1") is trace_expected

@@ -144,7 +144,7 @@ class CandidateRole:
         self.precision_at_start = precision_settings()
         try:
             if fmt == "reference":
-                discard_trace()  # harness code only: nothing to attribute, and the trace costs each kernel time
+                discard_trace()  # evaluate() starts a self-check untraced; a child started traced stops here
                 namespace = exec_task(req["task_name"], req["task_source"], module_name="reference_task")
                 self.model_class = namespace["Model"]
                 return {}
