@@ -2,9 +2,9 @@
 
 For each chosen example (default: elementwise_chain, row_softmax, layernorm), with the kernel trace on
 (the default) and off (settings.kernel_attribution = False), each mode in a fresh cache:
-  1. the harness self-check (the task's own Model as the candidate): evaluated once (baselines measured)
-     and once more (baselines cached); eager median / candidate median, which an unbiased harness
-     keeps within 3 % of 1;
+  1. the harness self-check (the task's own Model as the candidate, never traced, so the two modes are two
+     samples of one path): evaluated once (baselines measured) and once more (baselines cached); eager
+     median / candidate median, which an unbiased harness keeps within 3 % of 1;
   2. the honest solution under examples/solutions/cuda, baselines cached: its median, so that the two
      modes side by side give the trace's overhead on the timed calls.
 The cached evaluations' verification split (record["verify_steps_s"]) is kept. Prints a table at the end;
