@@ -17,6 +17,8 @@
   split      on a GPU (or --backend host): each example's honest solution cold, then cached with two settings
              side by side (--vary judge: outputs judged on the GPU or the CPU; --vary commit: large outputs
              committed by digest or sent): total wall time, the verification split, the calls' split.
+  placement  on a GPU: KernelBench-layout tasks timed in one process with their inputs at byte offsets within
+             2 MiB, and with a block held to move their intermediates: what placement alone does to a time.
 
 Each prints progress lines with elapsed seconds and a table at the end, and writes
 $OUT/bench_evaluator_<subcommand>.json when OUT is set (examples --fast-build: ..._examples_fast.json; speed
@@ -41,6 +43,8 @@ SUBCOMMANDS = {  # name: (module, one line for the list)
                                      "one at a time and all at once"),
     "split": ("split", "one evaluation's wall time split, two settings side by side (judge device, committed "
                        "outputs)"),
+    "placement": ("placement", "one process: a call's time with its inputs and intermediates placed at other "
+                               "offsets in GPU memory"),
 }
 
 

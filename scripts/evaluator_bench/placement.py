@@ -1,0 +1,119 @@
+"""Subcommand `placement`: does where a call's tensors lie in GPU memory change its time?
+
+The self-check times the task's own Model twice, in two processes (the reference child for the eager
+baseline, the candidate child for "ours"), and on kernels of 7-20 µs the two can differ by a few per cent
+while each median is precise to a fraction of one. One candidate cause is placement: the two processes'
+allocators put the inputs, intermediates and outputs at different addresses. This measures it in one
+process, with the evaluator's own timed-call path (timing/profile.py `time_forward`: a 256 MiB cache flush
+and a launch pad before each call):
+  - input offset: each input copied into a fresh buffer at a byte offset (0 up to just under 2 MiB);
+  - held block: a block of that many bytes kept allocated before the calls, so the model's own
+    intermediates and outputs land elsewhere in the allocator's pools.
+For every task the table gives each offset's median and its ratio to offset 0; the spread across offsets
+is what placement alone can do to a self-check's ratio.
+
+Exit status 0 when every case ran, 1 when one failed, 2 without a GPU or for a missing task file.
+With $OUT set, writes $OUT/bench_evaluator_placement.json.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+from evaluator_bench.common import REPO, load_task, write_out
+from evaluator_bench.report import Clock, fmt
+
+LEVEL1 = REPO / "examples" / "kernelbench_level1" / "level1"
+DEFAULT_TASKS = ["6_Swish", "14_MSE_loss", "13_Conv2d_square_input", "9_Sum_reduction_over_a_dimension",
+                 "3_ReLU"]
+OFFSETS = [0, 4096, 65536, 512 * 1024, 1024 * 1024, 1536 * 1024, 2 * 1024 * 1024 - 4096]
+FLUSH_BYTES = 256 * 1024 * 1024
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--tasks", nargs="*", default=DEFAULT_TASKS, help="task stems under " + str(LEVEL1))
+    parser.add_argument("--repeats", type=int, default=60, help="timed calls per offset")
+    parser.add_argument("--budget-s", type=float, default=240.0, help="skip the remaining tasks past this")
+
+
+def main(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no GPU visible: `bench_evaluator.py placement` needs one", file=sys.stderr)
+        return 2
+    missing = [stem for stem in args.tasks if not (LEVEL1 / f"{stem}.py").exists()]
+    if missing:
+        print(f"no task file for {', '.join(missing)} under {LEVEL1}", file=sys.stderr)
+        return 2
+    clock = Clock(args.budget_s)
+    rows, failed = [], 0
+    for stem in args.tasks:
+        if clock.remaining() <= 0:
+            clock.say(f"budget spent: {stem} skipped")
+            continue
+        try:
+            rows.extend(_task_rows(clock, stem, args.repeats))
+        except Exception as exc:  # one failed task is reported, the others still run
+            failed += 1
+            clock.say(f"{stem}: failed: {type(exc).__name__}: {exc}")
+    _print_table(rows)
+    write_out("bench_evaluator_placement.json", {"rows": rows, "device": torch.cuda.get_device_name()})
+    return 1 if failed else 0
+
+
+def _task_rows(clock: Clock, stem: str, repeats: int) -> list[dict]:
+    import torch
+
+    namespace = load_task(LEVEL1 / f"{stem}.py")
+    with torch.device("cuda"):
+        model = namespace["Model"](*namespace["get_init_inputs"]()).eval()
+        inputs = namespace["get_inputs"]()
+    rows = []
+    for mode in ("input offset", "held block"):
+        base = None
+        for offset in OFFSETS:
+            median = _median_at(model, inputs, offset, mode, repeats)
+            base = base or median
+            rows.append({"task": stem, "mode": mode, "offset": offset, "median_us": median, "ratio": median / base})
+            clock.say(f"{stem}: {mode} {offset:>8d} B: {median:.2f} µs ({median / base:.3f} of offset 0)")
+    return rows
+
+
+def _median_at(model, inputs, offset: int, mode: str, repeats: int) -> float:
+    import torch
+
+    from evaluator_cuda.timing.profile import time_forward
+
+    held = torch.empty(max(offset, 1), dtype=torch.uint8, device="cuda") if mode == "held block" else None
+    args = [_placed(x, offset) if mode == "input offset" else x for x in inputs]
+    samples, _ = time_forward(lambda: model(*args), warmup=5, repeats=repeats, device_type="cuda",
+                              l2_flush_bytes=FLUSH_BYTES)
+    del held
+    return statistics.median(samples)
+
+
+def _placed(value, offset: int):
+    """A copy of a tensor starting `offset` bytes into a fresh buffer (other values as they are)."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    nbytes = value.numel() * value.element_size()
+    buffer = torch.empty(offset + nbytes + 512, dtype=torch.uint8, device=value.device)
+    start = offset - offset % value.element_size()
+    view = buffer[start:start + nbytes].view(value.dtype).view(value.shape)
+    view.copy_(value)
+    return view
+
+
+def _print_table(rows: list[dict]) -> None:
+    print(f"{'task':36s} {'mode':12s} {'offset B':>9s} {'median us':>9s} {'/ offset 0':>10s}")
+    for row in rows:
+        print(f"{row['task']:36s} {row['mode']:12s} {row['offset']:>9d} {fmt(row['median_us'], 2):>9s} "
+              f"{fmt(row['ratio'], 3):>10s}")
+    for task in dict.fromkeys(row["task"] for row in rows):
+        ratios = [row["ratio"] for row in rows if row["task"] == task]
+        print(f"{task}: ratios to offset 0 span {min(ratios):.3f}-{max(ratios):.3f}")
