@@ -126,6 +126,90 @@ async def _final_evaluations(context: ToolContext) -> list[EvaluationRecord]:
     return results
 
 
+@dataclass
+class _Loop:
+    """What the turn loop leaves behind: how it ended, and its counts."""
+
+    turns: int = 0
+    end_reason: str = "agent_finished"
+    error: str | None = None
+    policy_seconds: float = 0.0
+    call_keys: list[str] = field(default_factory=list)
+
+
+async def _act(trajectory: TokenTrajectory, renderer: ChatRenderer, policy: Policy, toolbox: Toolbox,
+               context: ToolContext, config: AgentConfig) -> _Loop:
+    """The policy's turns, each answered by the tools, until it stops calling tools or a limit ends it."""
+    loop = _Loop()
+    while True:
+        if loop.turns >= config.max_turns:
+            loop.end_reason = "turn_limit"
+            return loop
+        room = config.context_budget_tokens - len(trajectory)
+        if room <= 0:
+            loop.end_reason = "context_budget"
+            return loop
+        t0 = time.monotonic()
+        try:
+            generation = await policy.generate(list(trajectory.tokens), min(config.max_new_tokens_per_turn, room),
+                                               [renderer.im_end_id], messages=list(trajectory.messages))
+        except Exception as failure:  # the policy backend, not the agent, failed
+            loop.end_reason, loop.error = "policy_error", f"{type(failure).__name__}: {failure}"
+            return loop
+        loop.policy_seconds += time.monotonic() - t0
+        loop.turns += 1
+        closed = renderer.add_agent_turn(trajectory, generation.token_ids, generation.logprobs, generation.text)
+        items, _ = parse_tool_calls(generation.text)
+        if not items:
+            loop.end_reason = "agent_finished" if closed else "cut_without_call"
+            if not closed:
+                renderer.close_cut_turn(trajectory)
+            return loop
+        responses = []
+        for item in items:
+            if isinstance(item, ToolCall):
+                loop.call_keys.append(item.key())
+            responses.append(await toolbox.execute(item, context))
+        env_ids = renderer.environment_ids_for_tools(responses, closed)
+        if len(trajectory) + len(env_ids) > config.context_budget_tokens:
+            loop.end_reason = "context_budget"
+            if not closed:
+                renderer.close_cut_turn(trajectory)
+            return loop
+        renderer.add_tool_responses(trajectory, responses, closed, token_ids=env_ids)
+
+
+async def _final_solution(context: ToolContext) -> tuple[dict | None, dict[str, bytes], list[EvaluationRecord]]:
+    """(record, files, evaluations made at the end): the best correct profile of the episode, else the
+    last solution (and the last verified one) profiled now, when there is an evaluator."""
+    final_evaluations: list[EvaluationRecord] = []
+    best = best_correct_evaluation(context.evaluations)
+    if best is None and context.evaluator is not None:
+        final_evaluations = await _final_evaluations(context)
+        best = best_correct_evaluation(final_evaluations)
+    if best is not None:
+        return best.record, best.files, final_evaluations
+    if final_evaluations:
+        return final_evaluations[0].record, final_evaluations[0].files, final_evaluations
+    return None, {}, final_evaluations
+
+
+def _final_status_and_reward(final_record: dict | None, evaluated: bool, end_reason: str) -> tuple[str, float | None]:
+    """The episode's status and reward: infrastructure and policy failures are not scored (None)."""
+    if end_reason == "policy_error":
+        # The policy backend failed, not the agent: the episode is not scored (its partial
+        # solution is still graded, for the transcript).
+        return "policy_error", None
+    if final_record is None:
+        return ("no_solution", -1.0) if evaluated else ("not_evaluated", None)
+    if is_infra_error(final_record):
+        return "infra_error", None
+    reward = record_reward(final_record)
+    if reward is None and not is_correct(final_record):
+        reward = -1.0
+    return str(final_record.get("status", "unknown")), reward
+
+
 async def run_episode(
     task: Task,
     policy: Policy,
@@ -147,103 +231,40 @@ async def run_episode(
     toolbox = Toolbox(tools)
     renderer = ChatRenderer(tokenizer)
     trajectory = renderer.start(system_prompt(tools), task_message(task.name, config.backend))
-    call_keys: list[str] = []
-    turns, policy_seconds = 0, 0.0
-    end_reason, error = "agent_finished", None
     try:
-        while True:
-            if turns >= config.max_turns:
-                end_reason = "turn_limit"
-                break
-            room = config.context_budget_tokens - len(trajectory)
-            if room <= 0:
-                end_reason = "context_budget"
-                break
-            t0 = time.monotonic()
-            try:
-                generation = await policy.generate(
-                    list(trajectory.tokens), min(config.max_new_tokens_per_turn, room), [renderer.im_end_id], messages=list(trajectory.messages)
-                )
-            except Exception as failure:  # the policy backend, not the agent, failed
-                end_reason, error = "policy_error", f"{type(failure).__name__}: {failure}"
-                break
-            policy_seconds += time.monotonic() - t0
-            turns += 1
-            closed = renderer.add_agent_turn(trajectory, generation.token_ids, generation.logprobs, generation.text)
-            items, _ = parse_tool_calls(generation.text)
-            if not items:
-                end_reason = "agent_finished" if closed else "cut_without_call"
-                if not closed:
-                    renderer.close_cut_turn(trajectory)
-                break
-            responses = []
-            for item in items:
-                if isinstance(item, ToolCall):
-                    call_keys.append(item.key())
-                responses.append(await toolbox.execute(item, context))
-            env_ids = renderer.environment_ids_for_tools(responses, closed)
-            if len(trajectory) + len(env_ids) > config.context_budget_tokens:
-                end_reason = "context_budget"
-                if not closed:
-                    renderer.close_cut_turn(trajectory)
-                break
-            renderer.add_tool_responses(trajectory, responses, closed, token_ids=env_ids)
+        loop = await _act(trajectory, renderer, policy, toolbox, context, config)
     finally:
         for job in list(context.background.values()):
             await job.kill()
         context.background.clear()
         workspace.release()
 
-    final_evaluations: list[EvaluationRecord] = []
-    best = best_correct_evaluation(context.evaluations)
-    if best is None and evaluator is not None:
-        final_evaluations = await _final_evaluations(context)
-        best = best_correct_evaluation(final_evaluations)
-    if best is not None:
-        final_record, final_solution = best.record, best.files
-    elif final_evaluations:
-        final_record, final_solution = final_evaluations[0].record, final_evaluations[0].files
-    else:
-        final_record, final_solution = None, {}
-
-    if final_record is None and evaluator is None:
-        final_status, reward = "not_evaluated", None
-    elif final_record is None:
-        final_status, reward = "no_solution", -1.0
-    elif is_infra_error(final_record):
-        final_status, reward = "infra_error", None
-    else:
-        final_status = str(final_record.get("status", "unknown"))
-        reward = record_reward(final_record)
-        if reward is None and not is_correct(final_record):
-            reward = -1.0
-    if end_reason == "policy_error":
-        # The policy backend failed, not the agent: the episode is not scored (its partial
-        # solution is still graded above, for the transcript).
-        final_status, reward = "policy_error", None
+    final_record, final_solution, final_evaluations = await _final_solution(context)
+    final_status, reward = _final_status_and_reward(final_record, evaluator is not None, loop.end_reason)
+    correct = final_record is not None and is_correct(final_record)
     return EpisodeResult(
         task=task.name,
         trajectory=trajectory,
-        turns=turns,
-        end_reason=end_reason,
+        turns=loop.turns,
+        end_reason=loop.end_reason,
         tool_calls=toolbox.stats.calls,
         tool_counts=dict(toolbox.stats.per_tool),
         tool_failures=toolbox.stats.failures,
         schema_violations=toolbox.stats.schema_violations,
-        redundant_loop=_repeats_in_a_row(call_keys) >= config.redundant_repeat_limit,
+        redundant_loop=_repeats_in_a_row(loop.call_keys) >= config.redundant_repeat_limit,
         final_status=final_status,
         reward=reward,
-        best_speedup_vs_compile=record_speedup(final_record, "compile") if final_record and is_correct(final_record) else None,
-        best_speedup_vs_eager=record_speedup(final_record, "eager") if final_record and is_correct(final_record) else None,
+        best_speedup_vs_compile=record_speedup(final_record, "compile") if correct else None,
+        best_speedup_vs_eager=record_speedup(final_record, "eager") if correct else None,
         final_solution=final_solution,
         final_record=final_record,
         evaluations=context.evaluations + final_evaluations,
         workspace=workspace.root,
         wall_seconds=time.monotonic() - start,
-        policy_seconds=policy_seconds,
+        policy_seconds=loop.policy_seconds,
         tool_seconds=toolbox.stats.seconds,
         evaluator_seconds=context.evaluator_seconds,
-        error=error,
+        error=loop.error,
         timings={
             "evaluator_agent_side_s": context.evaluator_seconds,
             "evaluator_worker_side_s": context.evaluator_worker_seconds,
