@@ -37,6 +37,7 @@ import zmq
 
 from bridge import protocol
 from bridge.journal import Journal
+from bridge.link import HIGH_WATER_MARK
 from bridge.protocol import CLIENT_KINDS, WORKER_KINDS, Kind, ProtocolError
 from bridge.security import role_of
 from bridge.settings import BridgeSettings
@@ -106,8 +107,8 @@ class Broker:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.socket.setsockopt(zmq.LINGER, 1000)
-        self.socket.setsockopt(zmq.SNDHWM, 100_000)
-        self.socket.setsockopt(zmq.RCVHWM, 100_000)
+        self.socket.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
+        self.socket.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
         # Backstop against memory exhaustion; messages between the limit and 4x it get an
         # error answer, beyond that libzmq drops the connection.
         self.socket.setsockopt(zmq.MAXMSGSIZE, 4 * settings.max_message_bytes)

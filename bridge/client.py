@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from bridge import protocol
+from bridge.link import connect_dealer
 from bridge.protocol import Kind, ProtocolError
 from bridge.security import as_curve_client
 from bridge.settings import BridgeSettings
@@ -159,19 +160,7 @@ class BridgeClient:
             pass
 
     def _open_socket(self, context):
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.ROUTING_ID, self._identity)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RECONNECT_IVL, int(self.settings.reconnect_min_s * 1000))
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.settings.reconnect_max_s * 1000))
-        sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        if self._curve is not None:
-            from bridge.security import secure_client_socket
-
-            secure_client_socket(sock, self._curve)
-        sock.connect(self.endpoint)
-        return sock
+        return connect_dealer(context, self._identity, self.endpoint, self.settings, self._curve)
 
     def _run(self) -> None:
         context = zmq.Context()

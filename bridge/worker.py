@@ -34,6 +34,7 @@ import zmq
 
 from bridge import protocol
 from bridge.evaluation_child import child_main
+from bridge.link import connect_dealer
 from bridge.protocol import Kind, ProtocolError
 from bridge.settings import BridgeSettings
 
@@ -108,19 +109,7 @@ class WorkerSupervisor:
     def _connect(self) -> None:
         if self.socket is not None:
             self.socket.close(linger=100)  # give results already sent a moment to leave
-        sock = self.context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.ROUTING_ID, self.identity)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RECONNECT_IVL, int(self.settings.reconnect_min_s * 1000))
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.settings.reconnect_max_s * 1000))
-        sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        if self.curve is not None:
-            from bridge.security import secure_client_socket
-
-            secure_client_socket(sock, self.curve)
-        sock.connect(self.endpoint)
-        self.socket = sock
+        self.socket = connect_dealer(self.context, self.identity, self.endpoint, self.settings, self.curve)
         self.last_heard = time.monotonic()
         self.last_sent = 0.0
 
