@@ -18,7 +18,8 @@
              side by side (--vary judge: outputs judged on the GPU or the CPU; --vary commit: large outputs
              committed by digest or sent): total wall time, the verification split, the calls' split.
   placement  on a GPU: KernelBench-layout tasks timed in one process with their inputs at byte offsets within
-             2 MiB, and with a block held to move their intermediates: what placement alone does to a time.
+             2 MiB, and with a block held to move their intermediates: what placement alone does to a time;
+             --paths: the baseline's and the candidate child's ways of preparing a call, side by side.
 
 Each prints progress lines with elapsed seconds and a table at the end, and writes
 $OUT/bench_evaluator_<subcommand>.json when OUT is set (examples --fast-build: ..._examples_fast.json; speed

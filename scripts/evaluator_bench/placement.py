@@ -12,6 +12,13 @@ and a launch pad before each call):
 For every task the table gives each offset's median and its ratio to offset 0; the spread across offsets
 is what placement alone can do to a self-check's ratio.
 
+With --paths, the same process instead times each task through three ways of preparing a call, in
+interleaved rounds: the baseline's (roles/reference.py `CandidateLikeCalls`), the same with the last
+call's input copies freed before the next are made, and the candidate child's (roles/candidate.py
+`do_call`: the input set kept on the device, copies made after the last call's tensors were all freed,
+pristine inputs held through the call). If the candidate's way is slower here too, the allocation order
+of the two children, not their being two processes, is what separates a self-check's times.
+
 Exit status 0 when every case ran, 1 when one failed, 2 without a GPU or for a missing task file.
 With $OUT set, writes $OUT/bench_evaluator_placement.json.
 """
@@ -36,6 +43,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tasks", nargs="*", default=DEFAULT_TASKS, help="task stems under " + str(LEVEL1))
     parser.add_argument("--repeats", type=int, default=60, help="timed calls per offset")
     parser.add_argument("--budget-s", type=float, default=240.0, help="skip the remaining tasks past this")
+    parser.add_argument("--paths", action="store_true",
+                        help="time each task through the baseline's and the candidate's preparation instead")
+    parser.add_argument("--rounds", type=int, default=8, help="--paths: interleaved rounds of 10 calls per path")
 
 
 def main(args) -> int:
@@ -55,11 +65,14 @@ def main(args) -> int:
             clock.say(f"budget spent: {stem} skipped")
             continue
         try:
-            rows.extend(_task_rows(clock, stem, args.repeats))
+            rows.extend(_path_rows(clock, stem, args.rounds) if args.paths else _task_rows(clock, stem, args.repeats))
         except Exception as exc:  # one failed task is reported, the others still run
             failed += 1
             clock.say(f"{stem}: failed: {type(exc).__name__}: {exc}")
-    _print_table(rows)
+    if args.paths:
+        _print_paths(rows)
+    else:
+        _print_table(rows)
     write_out("bench_evaluator_placement.json", {"rows": rows, "device": torch.cuda.get_device_name()})
     return 1 if failed else 0
 
@@ -117,3 +130,87 @@ def _print_table(rows: list[dict]) -> None:
     for task in dict.fromkeys(row["task"] for row in rows):
         ratios = [row["ratio"] for row in rows if row["task"] == task]
         print(f"{task}: ratios to offset 0 span {min(ratios):.3f}-{max(ratios):.3f}")
+
+
+PATHS = ("baseline", "baseline, copies freed first", "candidate")
+
+
+class _CandidateWay:
+    """A call prepared as the candidate child prepares one: the set kept on the device (allocated once),
+    the last call's copies, pristine views and output already freed, fresh copies, the output-sized blocks
+    poisoned, the persisting L2 lines demoted."""
+
+    def __init__(self, model, inputs: list, device: str):
+        self.model, self.device = model, device
+        self.kept = [x.clone() if hasattr(x, "clone") else x for x in inputs]
+        self.args, self.pristine, self.output, self.block_sizes = [], [], None, []
+
+    def prepare(self, position: int) -> None:
+        import torch
+
+        from evaluator_cuda.timing.profile import poison_allocator, reset_persisting_l2
+
+        outputs = self.output if isinstance(self.output, (list, tuple)) else [self.output]
+        sizes = [t.numel() * t.element_size() for t in outputs if isinstance(t, torch.Tensor)]
+        self.block_sizes = sorted({*self.block_sizes, *sizes})[-4:]
+        self.args, self.pristine, self.output = [], [], None  # do_call's locals end with the call
+        self.pristine = list(self.kept)
+        self.args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.pristine]
+        poison_allocator(self.block_sizes, position % 2, self.device)
+        if self.device == "cuda":
+            reset_persisting_l2()
+
+    def __call__(self):
+        self.output = self.model(*self.args)
+        return self.output
+
+
+class _FreedFirst:
+    """The baseline's preparation with its last copies dropped before the new ones are made."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def prepare(self, position: int) -> None:
+        self.calls.args = []
+        self.calls.prepare(position)
+
+    def __call__(self):
+        return self.calls()
+
+
+def _path_rows(clock: Clock, stem: str, rounds: int, device: str = "cuda") -> list[dict]:
+    """Each way's median over `rounds` interleaved rounds of 10 timed calls (`device` "cpu": a dry run)."""
+    import torch
+
+    from evaluator_cuda.roles.reference import CandidateLikeCalls
+    from evaluator_cuda.timing.profile import time_forward
+
+    namespace = load_task(LEVEL1 / f"{stem}.py")
+    with torch.device(device):
+        model = namespace["Model"](*namespace["get_init_inputs"]()).eval()
+        inputs = namespace["get_inputs"]()
+    ways = {"baseline": CandidateLikeCalls(model, inputs, device),
+            "baseline, copies freed first": _FreedFirst(CandidateLikeCalls(model, inputs, device)),
+            "candidate": _CandidateWay(model, inputs, device)}
+    samples: dict[str, list[float]] = {name: [] for name in PATHS}
+    for round_index in range(rounds):
+        order = PATHS if round_index % 2 == 0 else tuple(reversed(PATHS))
+        for name in order:
+            way = ways[name]
+            times, _ = time_forward(way, warmup=3, repeats=10, device_type=device,
+                                    l2_flush_bytes=FLUSH_BYTES if device == "cuda" else 0, prepare=way.prepare)
+            samples[name] += times
+    base = statistics.median(samples["baseline"])
+    rows = []
+    for name in PATHS:
+        median = statistics.median(samples[name])
+        rows.append({"task": stem, "path": name, "median_us": median, "ratio": median / base, "n": len(samples[name])})
+        clock.say(f"{stem}: {name}: {median:.2f} µs ({median / base:.3f} of the baseline's way)")
+    return rows
+
+
+def _print_paths(rows: list[dict]) -> None:
+    print(f"{'task':36s} {'path':30s} {'median us':>9s} {'/ baseline':>10s}")
+    for row in rows:
+        print(f"{row['task']:36s} {row['path']:30s} {fmt(row['median_us'], 2):>9s} {fmt(row['ratio'], 3):>10s}")

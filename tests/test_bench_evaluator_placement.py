@@ -1,0 +1,58 @@
+"""The placement probe's three ways of preparing a call (scripts/evaluator_bench/placement.py), dry on the CPU."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.fixture(autouse=True)
+def _scripts_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+
+
+def _placement():
+    from evaluator_bench import placement
+
+    return placement
+
+
+def test_each_way_gives_a_median_per_way(capsys):
+    from evaluator_bench.report import Clock
+
+    placement = _placement()
+    rows = placement._path_rows(Clock(), "6_Swish", rounds=2, device="cpu")
+    assert [row["path"] for row in rows] == list(placement.PATHS)
+    assert all(row["n"] == 20 and row["median_us"] > 0 for row in rows)
+    assert rows[0]["ratio"] == 1.0
+    placement._print_paths(rows)
+    assert "candidate" in capsys.readouterr().out
+
+
+def test_the_candidates_way_frees_the_last_calls_tensors_before_copying_and_poisons_output_sized_blocks():
+    model = torch.nn.ReLU()
+    x = torch.randn(8, 16)
+    way = _placement()._CandidateWay(model, [x], "cpu")
+    way.prepare(0)
+    first = way()
+    assert torch.equal(first, torch.relu(x))
+    assert way.args[0] is not way.kept[0] and torch.equal(way.args[0], x)
+    way.prepare(1)
+    assert way.output is None and way.block_sizes == [first.numel() * first.element_size()]
+    assert torch.equal(way(), torch.relu(x))
+
+
+def test_the_freed_first_baseline_drops_its_copies_before_the_next_preparation():
+    from evaluator_cuda.roles.reference import CandidateLikeCalls
+
+    calls = CandidateLikeCalls(torch.nn.ReLU(), [torch.randn(4, 4)], "cpu")
+    freed = _placement()._FreedFirst(calls)
+    freed.prepare(0)
+    out = freed()
+    seen = []
+    original = calls.prepare
+    calls.prepare = lambda position: (seen.append(list(calls.args)), original(position))
+    freed.prepare(1)
+    assert seen == [[]] and torch.equal(out, torch.relu(calls.inputs[0]))
