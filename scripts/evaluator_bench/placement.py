@@ -17,7 +17,10 @@ interleaved rounds: the baseline's (roles/reference.py `CandidateLikeCalls`), th
 call's input copies freed before the next are made, and the candidate child's (roles/candidate.py
 `do_call`: the input set kept on the device, copies made after the last call's tensors were all freed,
 pristine inputs held through the call). If the candidate's way is slower here too, the allocation order
-of the two children, not their being two processes, is what separates a self-check's times.
+of the two children, not their being two processes, is what separates a self-check's times. Each way's
+even and odd calls are also given apart: the baseline's way frees the last output before it copies the
+inputs and the last copies after, so its input copy and its output can swap two blocks from one call to
+the next, where the candidate's keeps one assignment; two placements show as two medians.
 
 Exit status 0 when every case ran, 1 when one failed, 2 without a GPU or for a missing task file.
 With $OUT set, writes $OUT/bench_evaluator_placement.json.
@@ -205,12 +208,18 @@ def _path_rows(clock: Clock, stem: str, rounds: int, device: str = "cuda") -> li
     rows = []
     for name in PATHS:
         median = statistics.median(samples[name])
-        rows.append({"task": stem, "path": name, "median_us": median, "ratio": median / base, "n": len(samples[name])})
-        clock.say(f"{stem}: {name}: {median:.2f} µs ({median / base:.3f} of the baseline's way)")
+        # Even and odd calls apart: a way that swaps two blocks between its input copy and its output from
+        # one call to the next shows two placements here, one that keeps them shows one.
+        even, odd = statistics.median(samples[name][0::2]), statistics.median(samples[name][1::2])
+        rows.append({"task": stem, "path": name, "median_us": median, "ratio": median / base, "n": len(samples[name]),
+                     "even_us": even, "odd_us": odd})
+        clock.say(f"{stem}: {name}: {median:.2f} µs ({median / base:.3f} of the baseline's way; even calls "
+                  f"{even:.2f}, odd {odd:.2f})")
     return rows
 
 
 def _print_paths(rows: list[dict]) -> None:
-    print(f"{'task':36s} {'path':30s} {'median us':>9s} {'/ baseline':>10s}")
+    print(f"{'task':36s} {'path':30s} {'median us':>9s} {'/ baseline':>10s} {'even us':>8s} {'odd us':>8s}")
     for row in rows:
-        print(f"{row['task']:36s} {row['path']:30s} {fmt(row['median_us'], 2):>9s} {fmt(row['ratio'], 3):>10s}")
+        print(f"{row['task']:36s} {row['path']:30s} {fmt(row['median_us'], 2):>9s} {fmt(row['ratio'], 3):>10s} "
+              f"{fmt(row['even_us'], 2):>8s} {fmt(row['odd_us'], 2):>8s}")
