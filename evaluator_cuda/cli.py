@@ -19,10 +19,10 @@ def _fail(message: str) -> None:
 
 
 def _settings(backend: str, repeats: Optional[int], warmup: Optional[int], profile: bool, cache_dir: Optional[Path],
-              fast_build: bool = True, timeout: Optional[float] = None):
+              fast_build: bool = True, timeout: Optional[float] = None, refresh_baselines: bool = False):
     from .settings import EvalSettings, resolve_backend
 
-    overrides = {"profile": profile, "fast_build": fast_build}
+    overrides = {"profile": profile, "fast_build": fast_build, "refresh_baselines": refresh_baselines}
     if repeats is not None:
         overrides["repeats"] = repeats
     if warmup is not None:
@@ -74,6 +74,8 @@ WARMUP_HELP = "Untimed warm-up calls before the timed ones (default: 5 on cuda, 
 PROFILE_HELP = "Time candidates and baselines (--no-profile: verdicts only, reward at most 1)."
 CACHE_HELP = "Cache folder for builds and baselines (default $CUDA_AGENT_CACHE or ~/.cache/cuda-agent)."
 FAST_BUILD_HELP = "Slim-header fast build first (--no-fast-build: always the torch build)."
+REFRESH_HELP = ("Measure the eager and torch.compile baselines anew instead of reading the cache, and cache the "
+                "new ones.")
 
 
 def bench(
@@ -91,6 +93,7 @@ def bench(
     fast_build: bool = typer.Option(True, help=FAST_BUILD_HELP),
     timeout: Optional[float] = typer.Option(
         None, help="Seconds one request to a sandboxed child may take (default 300)."),
+    refresh_baselines: bool = typer.Option(False, "--refresh-baselines", help=REFRESH_HELP),
 ) -> None:
     """Evaluate a task set (and its solutions) and print the KernelBench-style table.
 
@@ -106,7 +109,7 @@ def bench(
         _fail(f"no such task file or folder: {tasks}")
     if solutions is not None and not solutions.is_dir():
         _fail(f"no such solutions folder: {solutions}")
-    settings = _settings(backend, repeats, warmup, profile, cache_dir, fast_build, timeout)
+    settings = _settings(backend, repeats, warmup, profile, cache_dir, fast_build, timeout, refresh_baselines)
     out = out or Path("reports") / time.strftime("bench-%Y%m%d-%H%M%S")
     try:
         result = run_bench(tasks, solutions, settings, out)
@@ -142,6 +145,7 @@ def evaluate(
     fast_build: bool = typer.Option(True, help=FAST_BUILD_HELP),
     timeout: Optional[float] = typer.Option(
         None, help="Seconds one request to a sandboxed child may take, e.g. a hanging candidate (default 300)."),
+    refresh_baselines: bool = typer.Option(False, "--refresh-baselines", help=REFRESH_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
 ) -> None:
     """Evaluate one solution for one task and print its result record as JSON (progress on stderr).
@@ -161,7 +165,7 @@ def evaluate(
         the_solution = read_solution(solution)
     except SolutionError as exc:
         _fail(str(exc))
-    settings = _settings(backend, repeats, warmup, profile, cache_dir, fast_build, timeout)
+    settings = _settings(backend, repeats, warmup, profile, cache_dir, fast_build, timeout, refresh_baselines)
     with contextlib.nullcontext() if quiet else listening(_say_on_stderr()):
         record = evaluate_candidate(the_task, the_solution, settings)
     typer.echo(json.dumps(record, indent=1))

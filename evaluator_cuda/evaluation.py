@@ -717,13 +717,14 @@ def _record_times(reference: Child, task: Task, calls: _Calls, timed: _TimedSets
 
 def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dict) -> tuple[dict, dict | None]:
     """The eager and torch.compile times of the task: from the cache when a fresh eager sample taken
-    now agrees with the cached eager time, else measured now in the reference child (the candidate's
-    child is idle then). With them, the eager time taken now (that sample, or the measured one)."""
+    now agrees with the cached eager time, else (or with settings.refresh_baselines) measured now in the
+    reference child (the candidate's child is idle then). With them, the eager time taken now (that
+    sample, or the measured one)."""
     protocol = baseline_protocol(settings)
     torch_version = record["versions"].get("torch") or ""
     key = baseline_key(task.source, record["device"] or "", torch_version, settings.compile_mode, protocol)
     cache = BaselineCache(settings.cache_path() / "baselines")
-    baselines, eager_now = cache.get(key), None
+    baselines, eager_now = (None if settings.refresh_baselines else cache.get(key)), None
     if baselines is not None:
         eager_now = _eager_sample(reference, settings, protocol)
         check = baseline_recheck(baselines["eager"], eager_now, settings.margin)
@@ -734,7 +735,8 @@ def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dic
             baselines = None
     record["baseline_cache_hit"] = baselines is not None
     if baselines is None:
-        say("measuring the eager and torch.compile baselines (cached afterwards)")
+        say("measuring the eager and torch.compile baselines " +
+            ("anew (--refresh-baselines)" if settings.refresh_baselines else "(cached afterwards)"))
         begin = time.perf_counter()
         baselines = _measure_baselines(reference, settings, protocol)
         baselines.update(task=task.name, device=record["device"], torch=record["versions"].get("torch"),

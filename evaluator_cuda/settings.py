@@ -122,6 +122,8 @@ class EvalSettings:
     # Baselines are re-timed in rounds until they meet it or `baseline_budget_s` is spent; unmet: not cached.
     timing_se_bound: float | None = None
     baseline_budget_s: float = 4.0
+    # The cached baselines are not read: measured anew, and the entry replaced when they are precise enough.
+    refresh_baselines: bool = False
     # The candidate's timed calls continue in rounds of `repeats` on fresh input sets while its median (and
     # the host's paired eager median) is above that bound, for at most this many seconds (host: 2.0).
     timing_rounds_budget_s: float = 0.0

@@ -197,6 +197,28 @@ def test_a_cached_eager_time_that_a_fresh_sample_contradicts_is_measured_again(t
     assert record["speedup"]["eager"] == pytest.approx(eager / record["times_us"]["candidate"]["median_us"])
 
 
+def test_refreshed_baselines_are_measured_anew_and_replace_the_cached_entry(tmp_path):
+    """--refresh-baselines: the cached entry is not read (so not re-checked either); the baselines are
+    measured now and replace it, and the speed-up is judged against them."""
+    settings = host(str(tmp_path), profile=True, timing_se_bound=1e9,  # cached whatever the noise
+                    pair_host_eager=False, refresh_baselines=True)
+    path = _plant_baselines(str(tmp_path), settings, eager_us=1e9, compile_us=1e9)
+    record = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
+    assert record["status"] == "correct", record["message"]
+    assert record["baseline_cache_hit"] is False and record["baseline_recheck"] is None
+    assert "baselines" in record["wall_s"]
+    eager = record["times_us"]["eager"]["median_us"]
+    assert eager < 1e9 and json.loads(path.read_text())["eager"]["median_us"] == eager
+    assert record["speedup"]["eager"] == pytest.approx(eager / record["times_us"]["candidate"]["median_us"])
+
+
+def test_the_refresh_switch_of_bench_and_evaluate_reaches_the_settings():
+    from evaluator_cuda.cli import _settings
+
+    assert _settings("host", None, None, True, None, refresh_baselines=True).refresh_baselines is True
+    assert _settings("host", None, None, True, None).refresh_baselines is False
+
+
 @pytest.mark.slow
 def test_baseline_cache_miss_measures_once(tmp_path, monkeypatch):
     """First evaluation times eager and torch.compile and stores them; the second reuses them. No cache

@@ -1,6 +1,7 @@
 """Tasks load from a .py file, a KernelBench-style folder and a parquet `code` column; each
 malformed task gives one line naming it and its problem, and the run goes on."""
 
+import io
 import re
 import textwrap
 
@@ -179,3 +180,27 @@ def test_a_task_set_with_nothing_to_evaluate_still_names_backend_device_and_vers
     assert "python " in header and "unknown" not in header and "None" not in header
     assert "- **broken**: syntax error at line 9: expected ':'" in report
     assert "refused (not scored): broken: syntax error at line 9" in result.output
+
+
+def test_a_refresh_measures_each_tasks_baselines_once_per_run(monkeypatch):
+    """With --refresh-baselines a task's candidates after the one that measured its baselines read them from
+    the cache; a candidate that failed before its baselines leaves the refresh to the next one."""
+    from rich.console import Console
+
+    from evaluator_cuda.bench import run
+    from evaluator_cuda.tasks import Task
+
+    seen = []
+
+    def record_of(task, path, solutions_path, settings):
+        seen.append((task.name, path, settings.refresh_baselines))
+        measured = settings.refresh_baselines and path != "fails_to_build"
+        return {"task": task.name, "candidate": f"{task.name}/{path}", "status": "correct", "reward": 1,
+                "wall_s": {"total": 0.1, **({"baselines": 0.05} if measured else {})}}
+
+    monkeypatch.setattr(run, "_record_of", record_of)
+    a, b = Task("a", ""), Task("b", "")
+    plan = [(a, "fails_to_build", True), (a, "first", False), (a, "second", False), (b, "only", True)]
+    settings = EvalSettings.for_backend("host", refresh_baselines=True)
+    run._evaluate_plan(plan, None, settings, Console(file=io.StringIO()), [], [])
+    assert seen == [("a", "fails_to_build", True), ("a", "first", True), ("a", "second", False), ("b", "only", True)]

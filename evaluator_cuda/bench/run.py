@@ -99,7 +99,7 @@ def _evaluate_plan(plan, solutions_path, settings, console, problems: list, refu
     from ..evaluation import children_kept_warm
     from ..progress import listening
 
-    records, main_records, bad_tasks = [], [], set()
+    records, main_records, bad_tasks, refreshed = [], [], set(), set()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     # With more than one evaluation, each next one's children start warming while the last ends.
     with children_kept_warm(len(plan) > 1), Progress(*columns, console=console, transient=False) as progress:
@@ -115,7 +115,9 @@ def _evaluate_plan(plan, solutions_path, settings, console, problems: list, refu
                     continue
                 current["task"] = task.name
                 show("starting")
-                record = _record_of(task, path, solutions_path, settings)
+                record = _record_of(task, path, solutions_path, _refresh_once(settings, task.name, refreshed))
+                if (record.get("wall_s") or {}).get("baselines") is not None:
+                    refreshed.add(task.name)  # a later candidate of this task reads what was measured now
                 progress.advance(bar)
                 if record["status"] == "task_error":
                     bad_tasks.add(task.name)
@@ -131,6 +133,13 @@ def _evaluate_plan(plan, solutions_path, settings, console, problems: list, refu
                     main_records.append(record)
         progress.update(bar, description="done")
     return records, main_records
+
+
+def _refresh_once(settings: EvalSettings, task_name: str, refreshed: set) -> EvalSettings:
+    """--refresh-baselines measures a task's baselines anew once per run, not for each of its candidates."""
+    if settings.refresh_baselines and task_name in refreshed:
+        return dataclasses.replace(settings, refresh_baselines=False)
+    return settings
 
 
 def _console():
