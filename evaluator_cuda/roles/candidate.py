@@ -206,7 +206,8 @@ class CandidateRole:
 
         from ..isolation.torch_guard import refuse_torch_compute
         from ..timing.kernel_trace import call_range
-        from ..timing.profile import flush_buffer, flush_l2, poison_allocator, reset_persisting_l2, time_one_call
+        from ..timing.profile import (flush_buffer, flush_l2, poison_allocator, poison_sizes, reset_persisting_l2,
+                                      tensor_sizes, time_one_call)
 
         if self.model is None:
             raise HandlerError("internal", "call before prepare")
@@ -244,10 +245,10 @@ class CandidateRole:
         described = describe_tensors(out)  # class and device as forward returned them, before the host copy
         copied = _copy_out(out)
         split.mark("copy_out")
-        sizes = _tensor_bytes(out)
+        sizes = tensor_sizes(out)
         answer = self._output_or_digest(copied, sum(sizes))
         split.mark("digest")
-        self.block_sizes = sorted({*self.block_sizes, *sizes})[-4:]  # output-sized blocks: where empty_like lands
+        self.block_sizes = poison_sizes(self.block_sizes, sizes)
         return {**answer, "output_meta": described, "time_us": time_us, "wall_us": wall_us,
                 "l2_resets": self.l2_resets, "split_us": split.spans}
 
@@ -347,19 +348,6 @@ def _same_tensor(a, b) -> bool:
         torch.equal(a, b)
         or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
             and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))))
-
-
-def _tensor_bytes(value) -> list[int]:
-    """Byte sizes of the tensors in a nested value (the allocation sizes worth poisoning)."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value.numel() * value.element_size()] if value.numel() else []
-    if isinstance(value, (list, tuple)):
-        return [n for v in value for n in _tensor_bytes(v)]
-    if isinstance(value, dict):
-        return [n for v in value.values() for n in _tensor_bytes(v)]
-    return []
 
 
 def _copy_out(value):

@@ -83,7 +83,7 @@ class ReferenceRole:
         self.timing_inputs = None
         self.flush = None  # zeroed before each baseline call timed one per request (host)
         self.compiled = None  # torch.compile of the model, for the per-call host baselines
-        self.last_output = None  # of the last baseline call timed one per request (its blocks are poisoned next)
+        self.block_sizes: list[int] = []  # output sizes of the baseline calls timed one per request (poisoned next)
         self.timed_outputs: dict = {}  # seed -> reference output of a timed input set
         self.generate_on_device = True
 
@@ -206,17 +206,18 @@ class ReferenceRole:
         fresh copies of the inputs, freed blocks poisoned, the caches flushed, then the timed call alone."""
         import torch
 
-        from ..timing.profile import flush_buffer, flush_l2, time_one_call
+        from ..timing.profile import flush_buffer, flush_l2, poison_sizes, tensor_sizes, time_one_call
 
         model = self.model if req["which"] == "eager" else self.compiled
-        calls = CandidateLikeCalls(model, self.timing_inputs, self.device, last_output=self.last_output)
-        self.last_output = None
+        calls = CandidateLikeCalls(model, self.timing_inputs, self.device, block_sizes=self.block_sizes)
         calls.prepare(int(req.get("poison", 0)))
         if self.flush is None:
             self.flush = flush_buffer(int(req.get("l2_flush_bytes", 0)), self.device)
         flush_l2(self.flush)
         with torch.no_grad():
-            self.last_output, time_us, _ = time_one_call(calls, self.device)
+            out, time_us, _ = time_one_call(calls, self.device)
+        # The output is freed on return, as the candidate child frees its own once it is copied out.
+        self.block_sizes = poison_sizes(calls.block_sizes, tensor_sizes(out))
         return {"time_us": time_us}
 
     def do_outputs(self, req: dict) -> dict:
@@ -266,26 +267,25 @@ def _compiled(model, req: dict):
 
 class CandidateLikeCalls:
     """A baseline's calls, each prepared as the candidate child prepares each of its calls (candidate.py
-    do_call): fresh copies of the inputs, the freed blocks of the last output's size poisoned, and on a GPU
+    do_call): fresh copies of the inputs, freed blocks of the outputs' sizes poisoned, and on a GPU
     the persisting L2 lines demoted. The traces that work leaves in the caches then weigh on both sides:
     measured without it, the candidate's calls alone paid for them (0.3-1.3 µs a call on the H100, up to
     9 % of a 15 µs kernel, docs/figures.md)."""
 
-    def __init__(self, model, inputs: list, device: str, last_output=None):
+    def __init__(self, model, inputs: list, device: str, block_sizes=()):
         self.model, self.inputs, self.device = model, list(inputs), device
-        self.args, self.output = list(inputs), last_output
+        self.args, self.output, self.block_sizes = list(inputs), None, list(block_sizes)
 
     def prepare(self, position: int) -> None:
         """Untimed, before the call at `position` (its parity picks the poison pattern)."""
         import torch
 
-        from ..timing.profile import poison_allocator, reset_persisting_l2
+        from ..timing.profile import poison_allocator, poison_sizes, reset_persisting_l2, tensor_sizes
 
-        outputs = self.output if isinstance(self.output, (list, tuple)) else [self.output]
-        block_sizes = [t.numel() * t.element_size() for t in outputs if isinstance(t, torch.Tensor)][-4:]
+        self.block_sizes = poison_sizes(self.block_sizes, tensor_sizes(self.output))
         self.output = None
         self.args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.inputs]
-        poison_allocator(block_sizes, position % 2, self.device)
+        poison_allocator(self.block_sizes, position % 2, self.device)
         if self.device == "cuda":
             reset_persisting_l2()
 

@@ -141,6 +141,25 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
     return samples, output
 
 
+def tensor_sizes(value) -> list[int]:
+    """Byte sizes of the tensors in a nested value (the allocation sizes worth poisoning)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value.numel() * value.element_size()] if value.numel() else []
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in tensor_sizes(v)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in tensor_sizes(v)]
+    return []
+
+
+def poison_sizes(kept: list[int], sizes: list[int]) -> list[int]:
+    """The block sizes to poison before the next call: the four largest output sizes seen so far (where an
+    output the call allocates with empty_like lands)."""
+    return sorted({*kept, *sizes})[-4:]
+
+
 def poison_allocator(block_sizes: list[int], parity: int, device_type: str) -> None:
     """Allocate blocks of the given byte sizes, fill them with a poison pattern and free them,
     so that an output the candidate allocates next starts out as poison, not as an earlier

@@ -151,11 +151,9 @@ class _CandidateWay:
     def prepare(self, position: int) -> None:
         import torch
 
-        from evaluator_cuda.timing.profile import poison_allocator, reset_persisting_l2
+        from evaluator_cuda.timing.profile import poison_allocator, poison_sizes, reset_persisting_l2, tensor_sizes
 
-        outputs = self.output if isinstance(self.output, (list, tuple)) else [self.output]
-        sizes = [t.numel() * t.element_size() for t in outputs if isinstance(t, torch.Tensor)]
-        self.block_sizes = sorted({*self.block_sizes, *sizes})[-4:]
+        self.block_sizes = poison_sizes(self.block_sizes, tensor_sizes(self.output))
         self.args, self.pristine, self.output = [], [], None  # do_call's locals end with the call
         self.pristine = list(self.kept)
         self.args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.pristine]
