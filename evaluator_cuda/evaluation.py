@@ -708,7 +708,7 @@ def _record_times(reference: Child, task: Task, calls: _Calls, timed: _TimedSets
     record["times_us"]["compile"] = baselines.get("compile")
     if baselines.get("compile_error"):
         record["compile_baseline_error"] = baselines["compile_error"]
-    record["times_us"]["candidate"] = _valid_times(calls.times, calls.walls)
+    record["times_us"]["candidate"] = _valid_times(calls.times, calls.walls, pairs=settings.device_type() == "cuda")
     record["wall_s"]["profile"] = round(time.perf_counter() - begin - record["wall_s"]["verify"], 4)
     output_bytes = _nbytes(expected.at[expected.checks[0]]) if expected.checks else 0
     median = record["times_us"]["candidate"]["median_us"]
@@ -777,12 +777,12 @@ def _eager_sample(reference: Child, settings: EvalSettings, protocol: dict) -> d
     return answer["eager"]
 
 
-def _valid_times(times, walls=None) -> dict:
+def _valid_times(times, walls=None, pairs: bool = False) -> dict:
     if not times or not all(isinstance(t, (int, float)) and t > 0 for t in times):
         raise Verdict("runtime_error", "the candidate process reported no valid timing")
-    stats = summarize_times([float(t) for t in times])
+    stats = summarize_times([float(t) for t in times], pairs=pairs)
     if walls and all(isinstance(w, (int, float)) for w in walls):
-        stats["wall_median_us"] = summarize_times([float(w) for w in walls])["median_us"]
+        stats["wall_median_us"] = summarize_times([float(w) for w in walls], pairs=pairs)["median_us"]
     return stats
 
 

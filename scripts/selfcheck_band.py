@@ -4,7 +4,8 @@ their eager / candidate ratio within a band around 1.
 
   python scripts/selfcheck_band.py OUT/report.json [--band 0.03]
 
-Prints one line per task (status, eager / candidate, the two medians and their spreads) and a last
+Prints one line per task (status, eager / candidate, the two medians and their spreads; on CUDA also the
+ratio of the calls' plain medians, beside the pair-mean medians the reward uses) and a last
 line `within ±3.0 %: N of M`. Exit 0 when every task is correct and within the band, 1 when some are
 not, 2 when the report cannot be read or holds no record.
 """
@@ -28,6 +29,9 @@ def ratio_line(record: dict) -> tuple[float | None, str]:
     spread = "  ".join(f"{kind} {times[kind].get('median_us', float('nan')):.1f} µs "
                        f"±{100 * (times[kind].get('median_rel_se') or 0.0):.1f} %"
                        for kind in ("candidate", "eager") if isinstance(times.get(kind), dict))
+    plain = [(times.get(kind) or {}).get("call_median_us") for kind in ("eager", "candidate")]
+    if all(isinstance(v, (int, float)) and v > 0 for v in plain):  # CUDA: the calls' plain medians beside
+        spread += f"  (plain medians {plain[0] / plain[1]:.3f}x)"
     return float(speedup), f"{name}: {speedup:.3f}x  {spread}"
 
 

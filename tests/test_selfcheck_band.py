@@ -39,3 +39,11 @@ def test_an_unreadable_or_empty_report_is_one_line_and_exit_2(tmp_path):
     assert empty.returncode == 2 and empty.stderr.strip().endswith("holds no record") and not empty.stdout
     missing = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "none.json")], capture_output=True, text=True)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_on_cuda_the_calls_plain_medians_are_shown_beside(tmp_path):
+    record = _record("a", "correct", 1.0)
+    record["times_us"]["candidate"]["call_median_us"] = 95.0
+    record["times_us"]["eager"]["call_median_us"] = 104.5
+    done = _run(tmp_path, [record])
+    assert done.returncode == 0 and "(plain medians 1.100x)" in done.stdout.splitlines()[0]

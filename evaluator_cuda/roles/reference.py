@@ -301,12 +301,13 @@ def _timed_until_stable(calls: CandidateLikeCalls, kwargs: dict, bound: float | 
     from ..timing.profile import summarize_times, time_forward
 
     kwargs = {**kwargs, "prepare": calls.prepare}
+    pairs = kwargs["device_type"] == "cuda"  # summarized as the candidate's calls are (evaluation._valid_times)
     begin = time.perf_counter()
     samples, _ = time_forward(calls, **kwargs)
     rounds = 1
-    while bound is not None and (summarize_times(samples)["median_rel_se"] or 0.0) > bound \
+    while bound is not None and (summarize_times(samples, pairs)["median_rel_se"] or 0.0) > bound \
             and time.perf_counter() - begin < budget_s:
         more, _ = time_forward(calls, **{**kwargs, "warmup": 0})
         samples += more
         rounds += 1
-    return {**summarize_times(samples), "rounds": rounds}
+    return {**summarize_times(samples, pairs), "rounds": rounds}

@@ -59,6 +59,8 @@ def baseline_protocol(settings) -> dict:
     # "calls": each baseline call prepared as a candidate's call is (roles/reference.py CandidateLikeCalls)
     protocol = {"warmup": settings.warmup, "repeats": settings.repeats, "l2_flush_bytes": settings.l2_flush_bytes,
                 "backend": settings.backend, "calls": "prepared_as_candidate"}
+    if settings.device_type() == "cuda":  # timing/profile.py summarize_times(pairs=True)
+        protocol["statistic"] = "median_of_pair_means"
     if settings.device_type() == "cpu":
         protocol.update(host_threads=settings.host_threads, host_pin_cpu=settings.host_pin_cpu,
                         host_pages="thp")  # torch's CPU blocks on huge pages (sandbox.MALLOC_ENV)
