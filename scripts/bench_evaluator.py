@@ -20,6 +20,8 @@
   placement  on a GPU: KernelBench-layout tasks timed in one process with their inputs at byte offsets within
              2 MiB, and with a block held to move their intermediates: what placement alone does to a time;
              --paths: the baseline's and the candidate child's ways of preparing a call, side by side.
+  idle       on a GPU: KernelBench-layout tasks timed back to back and after 2-4 ms of GPU idle before each
+             call (as the candidate child's round trips leave it), with a longer pad, with the GPU kept busy.
 
 Each prints progress lines with elapsed seconds and a table at the end, and writes
 $OUT/bench_evaluator_<subcommand>.json when OUT is set (examples --fast-build: ..._examples_fast.json; speed
@@ -46,6 +48,8 @@ SUBCOMMANDS = {  # name: (module, one line for the list)
                        "outputs)"),
     "placement": ("placement", "one process: a call's time with its inputs and intermediates placed at other "
                                "offsets in GPU memory"),
+    "idle": ("idle", "one process: a call's time back to back and after the GPU idled as between the "
+                     "candidate's calls"),
 }
 
 

@@ -9,7 +9,8 @@
 #   bash scripts/gpu_session.sh loop        # bridge share of a real evaluation, agent episodes/hour
 #   bash scripts/gpu_session.sh synthesis   # task synthesis at the paper's scale, resumable: datasets/ops-h200/
 #   bash scripts/gpu_session.sh selfcheck   # the KernelBench-layout tasks against themselves: eager/ours within 3 %
-#                                           # (first the baseline's and the candidate's ways of a call, one process)
+#                                           # (first, in one process: the GPU idle before a call, and the
+#                                           # baseline's and the candidate's ways of a call)
 #
 # On a GPU machine without pyzmq, first install its wheel (fetched elsewhere with pip download):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -57,6 +58,7 @@ case "${1:-}" in
     cp "$dir"/tasks.* "$OUT"/
     ;;
   selfcheck)  # each task's own Model as the candidate (no solutions), a fresh cache: baselines measured anew
+    step idle 120 "$PY" scripts/bench_evaluator.py idle --budget-s 100
     step placement_paths 120 "$PY" scripts/bench_evaluator.py placement --paths --budget-s 100
     step selfcheck_bench 420 "$PY" -m cuda_agent.cli bench examples/kernelbench_level1 --backend cuda \
       --cache-dir /tmp/selfcheck-cache --out "$OUT/selfcheck"
