@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -32,13 +33,18 @@ def test_a_waiting_way_waits_before_each_preparation_and_the_pad_is_restored():
     prepared = []
 
     class Calls:
-        def prepare(self, position):
-            prepared.append((position, time.perf_counter()))
+        inputs = [torch.ones(3), 2.0]
 
-    way = idle._Waiting(Calls(), wait_ms=20.0, busy=False, device="cpu")
+        def prepare(self, position):
+            prepared.append((position, time.perf_counter(), list(self.inputs)))
+
+    calls = Calls()
+    way = idle._Waiting(calls, wait_ms=20.0, busy=False, device="cpu", sent=True)
     begin = time.perf_counter()
     way.prepare(3)
-    assert prepared[0][0] == 3 and prepared[0][1] - begin >= 0.02
+    position, when, inputs = prepared[0]
+    assert position == 3 and when - begin >= 0.02
+    assert inputs[0] is not Calls.inputs[0] and torch.equal(inputs[0], torch.ones(3)) and inputs[1] == 2.0
     before = profile.LAUNCH_PAD_CYCLES
     with pytest.raises(RuntimeError):
         with idle._pad(4):

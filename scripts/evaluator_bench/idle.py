@@ -13,7 +13,9 @@ Each task's Model is timed in one process with the baseline's preparation (roles
   back to back       as the baselines are timed today;
   idle 2 ms, 4 ms    the host waits that long before preparing each call, the GPU idle meanwhile;
   idle 4 ms, pad x4  the same wait, with a launch pad four times as long before each call;
-  busy 4 ms          the same wait, with the GPU kept spinning through it.
+  busy 4 ms          the same wait, with the GPU kept spinning through it;
+  idle 4 ms, sent    the same wait, then the input set copied from host memory to the device before the
+                     copies for the call are made (the candidate child receives each set that way).
 The table gives each way's median and its ratio to back to back. Exit status 0 when every task ran, 1 when
 one failed, 2 without a GPU or for a missing task file. With $OUT set, writes $OUT/bench_evaluator_idle.json.
 """
@@ -29,13 +31,15 @@ from evaluator_bench.common import load_task, write_out
 from evaluator_bench.placement import DEFAULT_TASKS, FLUSH_BYTES, LEVEL1
 from evaluator_bench.report import Clock, fmt
 
-# name: (host wait before each call in ms, launch pad multiple, GPU kept busy through the wait)
+# name: (host wait before each call in ms, launch pad multiple, GPU kept busy through the wait, inputs sent
+# from host memory before each call)
 WAYS = {
-    "back to back": (0.0, 1, False),
-    "idle 2 ms": (2.0, 1, False),
-    "idle 4 ms": (4.0, 1, False),
-    "idle 4 ms, pad x4": (4.0, 4, False),
-    "busy 4 ms": (4.0, 1, True),
+    "back to back": (0.0, 1, False, False),
+    "idle 2 ms": (2.0, 1, False, False),
+    "idle 4 ms": (4.0, 1, False, False),
+    "idle 4 ms, pad x4": (4.0, 4, False, False),
+    "busy 4 ms": (4.0, 1, True, False),
+    "idle 4 ms, sent": (4.0, 1, False, True),
 }
 SPIN_CYCLES_PER_MS = 1_700_000  # torch.cuda._sleep counts GPU cycles; an H100/H200 runs at about 1.7-2 GHz
 
@@ -74,10 +78,11 @@ def main(args) -> int:
 
 class _Waiting:
     """The baseline's preparation of a call, after the host waits `wait_ms` (the GPU spinning through the
-    wait when `busy`)."""
+    wait when `busy`); with `sent`, the input set first copied anew from host memory to the device."""
 
-    def __init__(self, calls, wait_ms: float, busy: bool, device: str):
+    def __init__(self, calls, wait_ms: float, busy: bool, device: str, sent: bool = False):
         self.calls, self.wait_ms, self.busy, self.device = calls, wait_ms, busy, device
+        self.host_inputs = [x.cpu() if hasattr(x, "cpu") else x for x in calls.inputs] if sent else None
 
     def prepare(self, position: int) -> None:
         if self.wait_ms > 0:
@@ -86,6 +91,8 @@ class _Waiting:
 
                 torch.cuda._sleep(int(self.wait_ms * SPIN_CYCLES_PER_MS))
             time.sleep(self.wait_ms / 1000.0)
+        if self.host_inputs is not None:
+            self.calls.inputs = [x.to(self.device, copy=True) if hasattr(x, "to") else x for x in self.host_inputs]
         self.calls.prepare(position)
 
     def __call__(self):
@@ -117,8 +124,8 @@ def idle_rows(clock: Clock, stem: str, rounds: int, device: str = "cuda", wait_s
     with torch.device(device):
         model = namespace["Model"](*namespace["get_init_inputs"]()).eval()
         inputs = namespace["get_inputs"]()
-    ways = {name: _Waiting(CandidateLikeCalls(model, inputs, device), wait * wait_scale, busy, device)
-            for name, (wait, _, busy) in WAYS.items()}
+    ways = {name: _Waiting(CandidateLikeCalls(model, inputs, device), wait * wait_scale, busy, device, sent)
+            for name, (wait, _, busy, sent) in WAYS.items()}
     samples: dict[str, list[float]] = {name: [] for name in WAYS}
     for round_index in range(rounds):
         order = list(WAYS) if round_index % 2 == 0 else list(reversed(WAYS))
