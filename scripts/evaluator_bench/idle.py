@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import sys
 import time
 
-from evaluator_bench.common import load_task, write_out
-from evaluator_bench.placement import DEFAULT_TASKS, FLUSH_BYTES, LEVEL1
+from evaluator_bench.common import load_task
+from evaluator_bench.placement import DEFAULT_TASKS, FLUSH_BYTES, LEVEL1, each_task
 from evaluator_bench.report import Clock, fmt
 
 # name: (host wait before each call in ms, launch pad multiple, GPU kept busy through the wait, inputs sent
@@ -51,29 +50,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    import torch
-
-    if not torch.cuda.is_available():
-        print("no GPU visible: `bench_evaluator.py idle` needs one", file=sys.stderr)
-        return 2
-    missing = [stem for stem in args.tasks if not (LEVEL1 / f"{stem}.py").exists()]
-    if missing:
-        print(f"no task file for {', '.join(missing)} under {LEVEL1}", file=sys.stderr)
-        return 2
-    clock = Clock(args.budget_s)
-    rows, failed = [], 0
-    for stem in args.tasks:
-        if clock.remaining() <= 0:
-            clock.say(f"budget spent: {stem} skipped")
-            continue
-        try:
-            rows.extend(idle_rows(clock, stem, args.rounds))
-        except Exception as exc:  # one failed task is reported, the others still run
-            failed += 1
-            clock.say(f"{stem}: failed: {type(exc).__name__}: {exc}")
-    print_rows(rows)
-    write_out("bench_evaluator_idle.json", {"rows": rows, "device": torch.cuda.get_device_name()})
-    return 1 if failed else 0
+    return each_task(args, "idle", lambda clock, stem: idle_rows(clock, stem, args.rounds), print_rows)
 
 
 class _Waiting:

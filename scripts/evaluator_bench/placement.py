@@ -52,10 +52,20 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    def rows_of(clock: Clock, stem: str) -> list[dict]:
+        return _path_rows(clock, stem, args.rounds) if args.paths else _task_rows(clock, stem, args.repeats)
+
+    return each_task(args, "placement", rows_of, _print_paths if args.paths else _print_table)
+
+
+def each_task(args, subcommand: str, rows_of, print_rows) -> int:
+    """Rows of every task of args.tasks (on the GPU, within args.budget_s; a failed task reported and the
+    others run), their table, and $OUT/bench_evaluator_<subcommand>.json. Exit status 0, 1 when a task
+    failed, 2 without a GPU or for a missing task file."""
     import torch
 
     if not torch.cuda.is_available():
-        print("no GPU visible: `bench_evaluator.py placement` needs one", file=sys.stderr)
+        print(f"no GPU visible: `bench_evaluator.py {subcommand}` needs one", file=sys.stderr)
         return 2
     missing = [stem for stem in args.tasks if not (LEVEL1 / f"{stem}.py").exists()]
     if missing:
@@ -68,15 +78,12 @@ def main(args) -> int:
             clock.say(f"budget spent: {stem} skipped")
             continue
         try:
-            rows.extend(_path_rows(clock, stem, args.rounds) if args.paths else _task_rows(clock, stem, args.repeats))
+            rows.extend(rows_of(clock, stem))
         except Exception as exc:  # one failed task is reported, the others still run
             failed += 1
             clock.say(f"{stem}: failed: {type(exc).__name__}: {exc}")
-    if args.paths:
-        _print_paths(rows)
-    else:
-        _print_table(rows)
-    write_out("bench_evaluator_placement.json", {"rows": rows, "device": torch.cuda.get_device_name()})
+    print_rows(rows)
+    write_out(f"bench_evaluator_{subcommand}.json", {"rows": rows, "device": torch.cuda.get_device_name()})
     return 1 if failed else 0
 
 
