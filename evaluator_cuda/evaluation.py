@@ -754,7 +754,7 @@ def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dic
 
 
 def _measure_baselines(reference: Child, settings: EvalSettings, protocol: dict) -> dict:
-    if settings.device_type() == "cpu":  # one request per call, as the candidate's calls come
+    if settings.time_baselines_per_request():  # one request per call, as the candidate's calls come
         measured = host_baselines(reference, settings, timing_se_bound(settings))
     else:
         request = {"cmd": "baselines", "compile_mode": settings.compile_mode,
@@ -768,7 +768,7 @@ def _measure_baselines(reference: Child, settings: EvalSettings, protocol: dict)
 
 def _eager_sample(reference: Child, settings: EvalSettings, protocol: dict) -> dict:
     """One round of eager calls timed now, as the baselines are timed."""
-    if settings.device_type() == "cpu":
+    if settings.time_baselines_per_request():
         return host_eager_sample(reference, settings)
     request = {"cmd": "baselines", "eager_only": True, **protocol, "se_bound": None, "budget_s": 0.0}
     answer = reply(reference, request, settings.child_timeout_s, harness=True)
