@@ -459,7 +459,7 @@ def _run_calls(candidate: Child, reference: Child, check_inputs: list, timed: _T
     child, just before it or just after it in turn: the two medians then come from the same seconds
     of a machine whose speed drifts by tens of percent from one second to the next."""
     schedule, sampled = call_schedule(settings.checks, timed.calls, len(timed.seeds), settings.timed_checks)
-    requests = CallRequests(schedule, check_inputs, timed.inputs, settings.l2_flush_bytes)
+    requests = CallRequests(schedule, check_inputs, timed.inputs, settings.l2_flush_bytes, settings.launch_pad_cycles)
     calls = _Calls(list(schedule), {}, [], [])
     caller = _Caller(candidate, reference, requests, calls, settings, call_timeout(record.get("reference_call_s"), settings))
     answer: dict = {}

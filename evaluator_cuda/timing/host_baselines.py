@@ -67,7 +67,9 @@ def _round(reference: Child, which: str, settings, warmup: int, first: int = 0,
     samples = []
     for position in range(first, first + (warmup + settings.repeats if count is None else count)):
         answer = reply(reference, {"cmd": "time_call", "which": which, "poison": position % 2,
-                                   "l2_flush_bytes": settings.l2_flush_bytes}, settings.child_timeout_s, harness=True)
+                                   "l2_flush_bytes": settings.l2_flush_bytes,
+                                   "launch_pad_cycles": settings.launch_pad_cycles},
+                       settings.child_timeout_s, harness=True)
         if not answer.get("ok"):
             raise reference_failure(answer)
         if position >= first + warmup:
