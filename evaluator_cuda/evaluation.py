@@ -459,7 +459,7 @@ def _run_calls(candidate: Child, reference: Child, check_inputs: list, timed: _T
     child, just before it or just after it in turn: the two medians then come from the same seconds
     of a machine whose speed drifts by tens of percent from one second to the next."""
     schedule, sampled = call_schedule(settings.checks, timed.calls, len(timed.seeds), settings.timed_checks)
-    requests = CallRequests(schedule, check_inputs, timed.inputs, settings.l2_flush_bytes)
+    requests = CallRequests(schedule, check_inputs, timed.inputs, settings.l2_flush_bytes, settings.launch_pad_cycles)
     calls = _Calls(list(schedule), {}, [], [])
     caller = _Caller(candidate, reference, requests, calls, settings, call_timeout(record.get("reference_call_s"), settings))
     answer: dict = {}
@@ -754,7 +754,7 @@ def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dic
 
 
 def _measure_baselines(reference: Child, settings: EvalSettings, protocol: dict) -> dict:
-    if settings.device_type() == "cpu":  # one request per call, as the candidate's calls come
+    if settings.time_baselines_per_request():  # one request per call, as the candidate's calls come
         measured = host_baselines(reference, settings, timing_se_bound(settings))
     else:
         request = {"cmd": "baselines", "compile_mode": settings.compile_mode,
@@ -768,7 +768,7 @@ def _measure_baselines(reference: Child, settings: EvalSettings, protocol: dict)
 
 def _eager_sample(reference: Child, settings: EvalSettings, protocol: dict) -> dict:
     """One round of eager calls timed now, as the baselines are timed."""
-    if settings.device_type() == "cpu":
+    if settings.time_baselines_per_request():
         return host_eager_sample(reference, settings)
     request = {"cmd": "baselines", "eager_only": True, **protocol, "se_bound": None, "budget_s": 0.0}
     answer = reply(reference, request, settings.child_timeout_s, harness=True)

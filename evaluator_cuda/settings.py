@@ -124,6 +124,12 @@ class EvalSettings:
     baseline_budget_s: float = 4.0
     # The cached baselines are not read: measured anew, and the entry replaced when they are precise enough.
     refresh_baselines: bool = False
+    # The baselines timed one request per call, as the candidate's calls come (timing/host_baselines.py),
+    # instead of in a loop within the reference child. None: per request on the host, a loop on CUDA.
+    baselines_per_request: bool | None = None
+    # GPU cycles of the busy-wait queued before each timed call's start event, on both sides (None:
+    # timing/profile.py LAUNCH_PAD_CYCLES, about 2 ms).
+    launch_pad_cycles: int | None = None
     # The candidate's timed calls continue in rounds of `repeats` on fresh input sets while its median (and
     # the host's paired eager median) is above that bound, for at most this many seconds (host: 2.0).
     timing_rounds_budget_s: float = 0.0
@@ -158,6 +164,9 @@ class EvalSettings:
 
     def device_type(self) -> str:
         return "cuda" if self.backend == "cuda" else "cpu"
+
+    def time_baselines_per_request(self) -> bool:
+        return self.device_type() == "cpu" if self.baselines_per_request is None else self.baselines_per_request
 
     @classmethod
     def for_backend(cls, backend: str, **overrides) -> "EvalSettings":

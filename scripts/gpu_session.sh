@@ -11,6 +11,7 @@
 #   bash scripts/gpu_session.sh selfcheck   # the KernelBench-layout tasks against themselves: eager/ours within 3 %
 #                                           # (first, in one process: the GPU idle before a call, and the
 #                                           # baseline's and the candidate's ways of a call)
+#   bash scripts/gpu_session.sh diagnose    # the idle probe, then baselines per request and a 4x launch pad A/B
 #
 # On a GPU machine without pyzmq, first install its wheel (fetched elsewhere with pip download):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -64,8 +65,13 @@ case "${1:-}" in
       --cache-dir /tmp/selfcheck-cache --out "$OUT/selfcheck"
     step selfcheck_band 30 "$PY" scripts/selfcheck_band.py "$OUT/selfcheck/report.json" --band 0.03
     ;;
+  diagnose)  # the self-check's gap: GPU idle before a call (one process), then two settings A/B in the children
+    step idle 100 "$PY" scripts/bench_evaluator.py idle --budget-s 80
+    step ab_per_request 200 "$PY" scripts/selfcheck_ab.py baselines_per_request=false baselines_per_request=true --rounds 1
+    step ab_pad 200 "$PY" scripts/selfcheck_ab.py launch_pad_cycles=null launch_pad_cycles=16000000 --rounds 1
+    ;;
   *)
-    echo "usage: bash scripts/gpu_session.sh evaluator|speed|policy|loop|synthesis|selfcheck" >&2
+    echo "usage: bash scripts/gpu_session.sh evaluator|speed|policy|loop|synthesis|selfcheck|diagnose" >&2
     exit 2
     ;;
 esac

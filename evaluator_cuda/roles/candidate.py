@@ -228,7 +228,8 @@ class CandidateRole:
         try:
             with torch.no_grad(), refuse_torch_compute(self.block_torch):
                 out, time_us, wall_us = time_one_call(lambda: model(*args), self.device,
-                                                      call_range(int(req.get("position", 0))))
+                                                      call_range(int(req.get("position", 0))),
+                                                      _pad_cycles(req))
         except ForbiddenTorchCompute as exc:
             self._check_guard(exc)
             raise HandlerError("forbidden", str(exc), _candidate_traceback(exc)) from None
@@ -396,3 +397,9 @@ def _count_built_extensions(counter: list) -> None:
             return module
 
         setattr(cpp_extension, name, loader)
+
+
+def _pad_cycles(req: dict) -> int | None:
+    """The launch pad the parent asked for (None: the default)."""
+    pad = req.get("launch_pad_cycles")
+    return int(pad) if pad else None

@@ -37,7 +37,7 @@ def host_baselines(reference: Child, settings, bound: float) -> dict:
 def host_eager_sample(reference: Child, settings) -> dict:
     """One round of eager calls, timed as the baselines are: the fresh sample a cached eager time is
     checked against."""
-    return summarize_times(_round(reference, "eager", settings, settings.warmup))
+    return summarize_times(_round(reference, "eager", settings, settings.warmup), _pairs(settings))
 
 
 def host_eager_call(reference: Child, settings, position: int) -> float:
@@ -50,10 +50,16 @@ def _timed(reference: Child, which: str, settings, bound: float, budget_s: float
     begin = time.perf_counter()
     samples = _round(reference, which, settings, settings.warmup)
     rounds = 1
-    while (summarize_times(samples)["median_rel_se"] or 0.0) > bound and time.perf_counter() - begin < budget_s:
+    pairs = _pairs(settings)
+    while (summarize_times(samples, pairs)["median_rel_se"] or 0.0) > bound and time.perf_counter() - begin < budget_s:
         samples += _round(reference, which, settings, 0)
         rounds += 1
-    return {**summarize_times(samples), "rounds": rounds}
+    return {**summarize_times(samples, pairs), "rounds": rounds}
+
+
+def _pairs(settings) -> bool:
+    """Summarized as the candidate's calls are (evaluation._valid_times): pair means on CUDA."""
+    return settings.device_type() == "cuda"
 
 
 def _round(reference: Child, which: str, settings, warmup: int, first: int = 0,
@@ -61,7 +67,9 @@ def _round(reference: Child, which: str, settings, warmup: int, first: int = 0,
     samples = []
     for position in range(first, first + (warmup + settings.repeats if count is None else count)):
         answer = reply(reference, {"cmd": "time_call", "which": which, "poison": position % 2,
-                                   "l2_flush_bytes": settings.l2_flush_bytes}, settings.child_timeout_s, harness=True)
+                                   "l2_flush_bytes": settings.l2_flush_bytes,
+                                   "launch_pad_cycles": settings.launch_pad_cycles},
+                       settings.child_timeout_s, harness=True)
         if not answer.get("ok"):
             raise reference_failure(answer)
         if position >= first + warmup:

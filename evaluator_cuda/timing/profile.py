@@ -123,9 +123,11 @@ def _quantile(ordered: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_bytes: int = 0, prepare=None):
+def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_bytes: int = 0, prepare=None,
+                 pad_cycles: int | None = None):
     """Per-call times (µs) of `call()` after `warmup` untimed calls; returns (samples, last_output).
-    `prepare(position)`, when given, runs before every call, untimed, before the cache flush."""
+    `prepare(position)`, when given, runs before every call, untimed, before the cache flush; `pad_cycles`:
+    the launch pad (None: LAUNCH_PAD_CYCLES)."""
     import torch
 
     prepare = prepare or (lambda position: None)
@@ -143,7 +145,7 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
                 prepare(warmup + i)
                 if flush is not None:
                     flush.zero_()
-                torch.cuda._sleep(LAUNCH_PAD_CYCLES)
+                torch.cuda._sleep(pad_cycles or LAUNCH_PAD_CYCLES)
                 starts[i].record()
                 output = call()
                 ends[i].record()
@@ -211,9 +213,10 @@ def flush_l2(buffer) -> None:
         buffer.zero_()
 
 
-def time_one_call(call, device_type: str, window=None):
+def time_one_call(call, device_type: str, window=None, pad_cycles: int | None = None):
     """(output, device_time_us, wall_time_us) of one call; `window`: a context entered around the
-    events and the call (the kernel trace's range of this call).
+    events and the call (the kernel trace's range of this call); `pad_cycles`: the launch pad (None:
+    LAUNCH_PAD_CYCLES).
 
     CUDA: events around the call on the current stream, then a device-wide synchronize (work
     left on other streams finishes before the wall clock stops); the wall time (which also
@@ -229,7 +232,7 @@ def time_one_call(call, device_type: str, window=None):
         # before keep the GPU busy while the host reaches the launch, so the host overhead of
         # the call and the guard is not counted as GPU time. The previous call ended synchronised.
         start, end = event(enable_timing=True), event(enable_timing=True)
-        sleep(LAUNCH_PAD_CYCLES)
+        sleep(pad_cycles or LAUNCH_PAD_CYCLES)
         begin = _clock_ns()
         with window or contextlib.nullcontext():
             record(start)

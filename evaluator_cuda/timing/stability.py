@@ -59,6 +59,10 @@ def baseline_protocol(settings) -> dict:
     # "calls": each baseline call prepared as a candidate's call is (roles/reference.py CandidateLikeCalls)
     protocol = {"warmup": settings.warmup, "repeats": settings.repeats, "l2_flush_bytes": settings.l2_flush_bytes,
                 "backend": settings.backend, "calls": "prepared_as_candidate"}
+    if settings.launch_pad_cycles is not None:
+        protocol["launch_pad_cycles"] = settings.launch_pad_cycles
+    if settings.device_type() == "cuda" and settings.time_baselines_per_request():
+        protocol["calls"] = "one_request_each"  # timing/host_baselines.py
     if settings.device_type() == "cuda":  # timing/profile.py summarize_times(pairs=True)
         protocol["statistic"] = "median_of_pair_means"
     if settings.device_type() == "cpu":

@@ -29,14 +29,17 @@ class CallRequests:
     """The request of each call of a schedule: its input set sent with its first call, or named
     by the opaque id the candidate child keeps it under."""
 
-    def __init__(self, schedule: list[Call], check_inputs: list, timed_inputs: list, l2_flush_bytes: int):
+    def __init__(self, schedule: list[Call], check_inputs: list, timed_inputs: list, l2_flush_bytes: int,
+                 launch_pad_cycles: int | None = None):
         self.keep_sets = len(set(schedule)) < len(schedule)
         self.kept: dict = {}
         self.inputs = {"check": check_inputs, "timed": timed_inputs}
         self.l2_flush_bytes = l2_flush_bytes
+        self.launch_pad_cycles = launch_pad_cycles
 
     def request(self, position: int, call: Call) -> dict:
-        message = {"cmd": "call", "poison": position % 2, "l2_flush_bytes": self.l2_flush_bytes}
+        message = {"cmd": "call", "poison": position % 2, "l2_flush_bytes": self.l2_flush_bytes,
+                   "launch_pad_cycles": self.launch_pad_cycles}
         if call in self.kept:
             message["set"] = self.kept[call]
         else:
