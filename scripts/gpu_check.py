@@ -10,14 +10,15 @@ do not depend on the timings; each lane builds into its own cache):
    `incorrect` with reward -1;
 beside it, the jail on the GPU machine (`scripts/check_jail.py --gpu`, its last line `JAIL CHECK
 PASS`): torch on CUDA and an `nvcc` build and run inside the jail, and what a jailed start costs;
-and beside both, one after the other:
+and after it, in the jail's lane:
+4. the small-output cases: an honest wide softmax `correct` on every seed, zeros, a constant,
+   permuted rows and a rescaled output `incorrect`, a reference that ignores its inputs a
+   `task_error`;
+and beside these, one after the other:
 2. the `cuda`-marked tests, on 4 workers;
 3. the CUDA cheat forms (side stream, persisting-L2 window) rejected, an illegal address a
    `runtime_error`; past the static checks, ATen compute hidden from the runtime guard rejected by
-   the kernel trace and work moved off the timed window denied its speed-up;
-4. the small-output cases: an honest wide softmax `correct` on every seed, zeros, a constant,
-   permuted rows and a rescaled output `incorrect`, a reference that ignores its inputs a
-   `task_error`.
+   the kernel trace and work moved off the timed window denied its speed-up.
 An honest speed-up withheld for drift while the lanes shared the GPU is timed again with the GPU to
 itself (that task alone, after the other lanes), and only that second verdict counts.
 The last line is `GPU CHECK PASS` or `GPU CHECK FAIL: <what>`. $OUT gets one log per step,
@@ -195,8 +196,13 @@ def main() -> int:
         result=step("bench", bench_command("examples/tasks", report_dir), 275, cache="cache_bench")))
     bench_thread.start()
     jail_lane: dict = {}
-    jail_thread = threading.Thread(target=lambda: jail_lane.update(result=step("jail", JAIL_COMMAND, JAIL_LIMIT_S,
-                                                                              cache="cache_jail")))
+
+    def jail_then_small_outputs() -> None:  # the jail takes ~17 s: the small-output table follows it in its lane
+        jail_lane.update(result=step("jail", JAIL_COMMAND, JAIL_LIMIT_S, cache="cache_jail"))
+        jail_lane.update(small=step("small_outputs", [sys.executable, "scripts/check_small_outputs.py", "--backend",
+                                                      "cuda", "--honest-runs", "1"], 130, cache="cache_small"))
+
+    jail_thread = threading.Thread(target=jail_then_small_outputs)
     jail_thread.start()
 
     rc, tail = step("cuda_tests", [sys.executable, "-m", "pytest", "-v", "-m", "cuda", "-p", "no:cacheprovider", "--tb=short", "--timeout=100", "-n", "4", *CUDA_TEST_FILES], 120)
@@ -205,12 +211,12 @@ def main() -> int:
     rc, tail = step("cheats", [sys.executable, "scripts/check_hardening_gpu.py", "--cheats-only"], 150)
     if rc != 0:
         summary["failures"].append("cheat forms: " + last_line(tail, rc))
-    rc, tail = step("small_outputs", [sys.executable, "scripts/check_small_outputs.py", "--backend", "cuda", "--honest-runs", "1"], 130)
-    if rc != 0:
-        summary["failures"].append("small outputs: " + last_line(tail, rc))
 
     jail_thread.join()
     summary["failures"] += jail_failures(*jail_lane.get("result", (1, "the jail lane did not run")))
+    rc, tail = jail_lane.get("small", (1, "the small-output step did not run"))
+    if rc != 0:
+        summary["failures"].append("small outputs: " + last_line(tail, rc))
     bench_thread.join()
     rc, _ = bench_lane["result"]
     problems = bench_verdicts(report_dir / "report.json", ROOT / "examples" / "solutions")

@@ -138,3 +138,22 @@ def test_a_check_without_withheld_speed_ups_times_nothing_again(monkeypatch, tmp
     assert code == 0 and summary["passed"]
     assert "bench_withheld_while_shared" not in summary
     assert not [name for name in calls if name.startswith("bench_again")]
+
+
+def test_the_small_output_table_follows_the_jail_in_its_lane_and_its_failure_fails_the_check(monkeypatch, tmp_path):
+    gpu_check, order = _script(), []
+    monkeypatch.setattr(gpu_check, "bench_verdicts", lambda report, solutions: [])
+
+    def run_step(name, command, limit_s, out, env):
+        order.append(name)
+        if name == "jail":
+            return 0, "JAIL CHECK PASS\n"
+        if name == "small_outputs":
+            assert command[1] == "scripts/check_small_outputs.py" and env["CUDA_AGENT_CACHE"].endswith("cache_small")
+            return 1, "zeros: correct (expected incorrect)\n"
+        return 0, "11 passed\n"
+
+    code, summary = _run(monkeypatch, tmp_path, gpu_check, run_step)
+    assert order.index("small_outputs") > order.index("jail")
+    assert {"cuda_tests", "cheats", "bench"} <= set(order)
+    assert code == 1 and summary["failures"] == ["small outputs: zeros: correct (expected incorrect)"]
