@@ -200,7 +200,7 @@ def main() -> int:
     def jail_then_small_outputs() -> None:  # the jail takes ~17 s: the small-output table follows it in its lane
         jail_lane.update(result=step("jail", JAIL_COMMAND, JAIL_LIMIT_S, cache="cache_jail"))
         jail_lane.update(small=step("small_outputs", [sys.executable, "scripts/check_small_outputs.py", "--backend",
-                                                      "cuda", "--honest-runs", "1"], 130, cache="cache_small"))
+                                                      "cuda", "--honest-runs", "1"], 130, cache="cache_jail"))
 
     jail_thread = threading.Thread(target=jail_then_small_outputs)
     jail_thread.start()

@@ -149,7 +149,7 @@ def test_the_small_output_table_follows_the_jail_in_its_lane_and_its_failure_fai
         if name == "jail":
             return 0, "JAIL CHECK PASS\n"
         if name == "small_outputs":
-            assert command[1] == "scripts/check_small_outputs.py" and env["CUDA_AGENT_CACHE"].endswith("cache_small")
+            assert command[1] == "scripts/check_small_outputs.py" and env["CUDA_AGENT_CACHE"].endswith("cache_jail")
             return 1, "zeros: correct (expected incorrect)\n"
         return 0, "11 passed\n"
 
