@@ -115,7 +115,7 @@ class EvalSettings:
     host_threads: int = 1
     host_pin_cpu: bool = True
     # Host: eager timed call by call beside the candidate's timed calls, the speed-up's eager time
-    # (evaluation._run_calls); False: the baseline's (cached or measured) eager time.
+    # (evaluation/calls.py); False: the baseline's (cached or measured) eager time.
     pair_host_eager: bool = True
     # A time earns a speed-up reward only when its median is known well enough for the margin: the
     # median's relative standard error (about 0.93 * IQR / median / sqrt(n)) at most this (None: margin / 2).

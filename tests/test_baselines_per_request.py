@@ -1,7 +1,7 @@
 """The baselines timed one request per call (timing/host_baselines.py) or in a loop in the reference child:
 the host's default, CUDA's default, the switch, and the cache key."""
 
-from evaluator_cuda import evaluation
+from evaluator_cuda.evaluation import times as evaluation_times
 from evaluator_cuda.evaluation import evaluate
 from evaluator_cuda.settings import EvalSettings
 from evaluator_cuda.solutions import reference_solution
@@ -22,20 +22,20 @@ def test_the_host_times_baselines_per_request_cuda_in_a_loop_unless_told():
 
 def test_each_way_of_timing_the_baselines_is_the_one_taken(tmp_path, monkeypatch):
     taken = []
-    looped, per_request = evaluation._measure_baselines, evaluation.host_baselines
+    looped, per_request = evaluation_times.measure_baselines, evaluation_times.host_baselines
 
     def spy_requests(*args):
         taken.append("per request")
         return per_request(*args)
 
-    monkeypatch.setattr(evaluation, "host_baselines", spy_requests)
+    monkeypatch.setattr(evaluation_times, "host_baselines", spy_requests)
     for switch, expected in ((False, []), (True, ["per request"])):
         taken.clear()
         settings = host(str(tmp_path / str(switch)), profile=True, baselines_per_request=switch)
         record = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
         assert record["status"] == "correct", record["message"]
         assert record["times_us"]["eager_baseline"]["median_us"] > 0 and taken == expected
-    assert looped is evaluation._measure_baselines
+    assert looped is evaluation_times.measure_baselines
 
 
 def test_the_launch_pad_setting_reaches_both_sides_and_keys_the_cache(monkeypatch):

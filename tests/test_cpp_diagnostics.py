@@ -78,7 +78,7 @@ def test_evaluate_gives_a_typo_as_a_compile_error_with_file_and_line(tmp_path):
 
 
 def test_a_rejection_by_the_static_checks_has_file_and_line(tmp_path):
-    from evaluator_cuda.evaluation import _check_sources
+    from evaluator_cuda.evaluation.before import check_sources
     from evaluator_cuda.settings import EvalSettings
     from evaluator_cuda.solutions import read_solution
     from evaluator_cuda.verdict.fault import Verdict
@@ -89,6 +89,6 @@ def test_a_rejection_by_the_static_checks_has_file_and_line(tmp_path):
     kernel.write_text("#include <thread>\n" + kernel.read_text())
     assert check_solution_sources({"kernels/row_l2_norm.cpp": kernel.read_bytes()})
     with pytest.raises(Verdict) as raised:
-        _check_sources(read_solution(workspace), EvalSettings.for_backend("host"))
+        check_sources(read_solution(workspace), EvalSettings.for_backend("host"))
     assert raised.value.diagnostics[0]["file"] == "kernels/row_l2_norm.cpp"
     assert raised.value.diagnostics[0]["line"] == 1

@@ -135,9 +135,9 @@ def _plant_baselines(cache_dir: str, settings: EvalSettings, eager_us: float, co
 def _fresh_sample_agrees(monkeypatch, eager_us: float) -> None:
     """The fresh eager sample of a cache hit made to agree with the cached time, so that a test of the
     cache's own rules does not depend on the machine's noise (the re-check has tests of its own)."""
-    from evaluator_cuda import evaluation
+    from evaluator_cuda.evaluation import times
 
-    monkeypatch.setattr(evaluation, "_eager_sample", lambda *a: {"median_us": eager_us, "median_rel_se": 0.0})
+    monkeypatch.setattr(times, "eager_sample", lambda *a: {"median_us": eager_us, "median_rel_se": 0.0})
 
 
 def test_baseline_cache_hit_skips_timing_and_sets_the_reward(tmp_path, monkeypatch):
@@ -163,12 +163,12 @@ def test_a_machine_that_slows_down_during_the_evaluation_earns_no_speed_up(tmp_p
     """Eager timed just before the candidate's calls at twice the speed it has after them (another job
     started in between): the candidate's time cannot be compared with a baseline taken at another speed.
     The same times with no drift earn the speed-up (the test above), so the drift is what withholds it."""
-    from evaluator_cuda import evaluation
+    from evaluator_cuda.evaluation import times
 
     settings = host(str(tmp_path), profile=True, timing_se_bound=1e9, pair_host_eager=False)
     _plant_baselines(str(tmp_path), settings, eager_us=1e9, compile_us=1e9)
     samples = iter([{"median_us": 5e8, "median_rel_se": 0.01}, {"median_us": 1e9, "median_rel_se": 0.01}])
-    monkeypatch.setattr(evaluation, "_eager_sample", lambda *a: next(samples))
+    monkeypatch.setattr(times, "eager_sample", lambda *a: next(samples))
     record = evaluate(AXPY_TASK, reference_solution("axpy"), settings)
     assert record["status"] == "correct", record["message"]
     assert record["baseline_cache_hit"] is True and record["eager_drift"]["moved"] is True

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from evaluator_cuda import evaluation
+from evaluator_cuda.evaluation import times as evaluation_times
 from evaluator_cuda.roles import reference
 from evaluator_cuda.settings import EvalSettings
 from evaluator_cuda.timing import profile
@@ -54,7 +54,7 @@ def test_pair_means_and_their_standard_error():
 
 
 def test_the_candidate_and_the_baselines_are_summarized_alike_on_cuda(monkeypatch):
-    candidate = evaluation._valid_times(ALTERNATING, [20.0, 30.0] * 17 + [20.0], pairs=True)
+    candidate = evaluation_times.valid_times(ALTERNATING, [20.0, 30.0] * 17 + [20.0], pairs=True)
     assert candidate["median_us"] == 11.0 and candidate["wall_median_us"] == 25.0
 
     def fake_time_forward(calls, warmup, repeats, device_type, l2_flush_bytes=0, prepare=None):

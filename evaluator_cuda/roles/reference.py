@@ -301,7 +301,7 @@ def _timed_until_stable(calls: CandidateLikeCalls, kwargs: dict, bound: float | 
     from ..timing.profile import summarize_times, time_forward
 
     kwargs = {**kwargs, "prepare": calls.prepare}
-    pairs = kwargs["device_type"] == "cuda"  # summarized as the candidate's calls are (evaluation._valid_times)
+    pairs = kwargs["device_type"] == "cuda"  # summarized as the candidate's calls are (evaluation/times.py valid_times)
     begin = time.perf_counter()
     samples, _ = time_forward(calls, **kwargs)
     rounds = 1

@@ -58,7 +58,7 @@ def _timed(reference: Child, which: str, settings, bound: float, budget_s: float
 
 
 def _pairs(settings) -> bool:
-    """Summarized as the candidate's calls are (evaluation._valid_times): pair means on CUDA."""
+    """Summarized as the candidate's calls are (evaluation/times.py valid_times): pair means on CUDA."""
     return settings.device_type() == "cuda"
 
 

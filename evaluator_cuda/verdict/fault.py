@@ -34,7 +34,7 @@ CUDA_ERROR_MARKERS = ("CUDA error", "cudaError", "illegal memory access", "CUBLA
 # process and can make any harness method there fail or answer anything, so neither a failure of
 # "harness code" there nor a "task" failure is taken at its word (an infra_error or a task_error takes
 # the episode out of training instead of scoring it). Only a self-check's load, where the child runs
-# the task's own code, is a task_error (evaluation._candidate_loaded).
+# the task's own code, is a task_error (evaluation/loading.py `_candidate_loaded`).
 _CANDIDATE_KINDS = {"forbidden": "incorrect", "state_dict": "incorrect", "incorrect": "incorrect",
                     "runtime": "runtime_error", "task": "runtime_error", "internal": "runtime_error"}
 

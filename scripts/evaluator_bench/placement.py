@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-from pathlib import Path
 
 from evaluator_bench.common import REPO, load_task, write_out
 from evaluator_bench.report import Clock, fmt

@@ -1,0 +1,158 @@
+"""The children load; the check sets and their reference outputs; ModelNew prepared; the timed input
+sets chosen."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from pathlib import Path
+
+from ..isolation.sandbox import Child, ChildFailed
+from ..settings import EvalSettings
+from ..solutions import Solution
+from ..tasks import Task, degenerate_reason
+from ..timing.host_pin import choose_cpu
+from ..verdict.fault import Verdict, candidate_failure, reference_failure, reply
+
+
+def load_children(reference: Child, candidate: Child, task: Task, solution: Solution, settings: EvalSettings,
+          extension: Path | None, solution_dir: Path, record: dict,
+          runtime: Path | None = None) -> tuple[dict, list[int]]:
+    """Both children load at once: the task's Model from a secret seed in one, the candidate in
+    the other. Returns the reference's answer (init inputs, state dict) and the check seeds."""
+    init_seed = secrets.randbits(31)
+    seeds = [secrets.randbits(31) for _ in range(settings.checks)]
+    record["seeds"] = {"init": init_seed, "inputs": seeds}
+    device = settings.device_type()
+    pinning = _host_pinning(settings)
+    reference.submit({"cmd": "load", "task_name": task.name, "task_source": task.source, "device": device,
+                     "init_seed": init_seed, **pinning})
+    candidate.submit({
+        "cmd": "load", "format": solution.format, "entry": solution.entry, "solution_dir": str(solution_dir),
+        "extension_path": str(extension) if extension else None, "task_name": task.name,
+        "fast_cache_dir": str(settings.cache_path() / "fastbuild"),
+        "binding_runtime": str(runtime) if runtime else None,
+        "task_source": task.source, "device": device,
+        "block_torch": settings.block_torch and solution.format != "reference",
+        "commit_output_bytes": settings.commit_output_bytes,
+        **pinning,
+    })
+    record["host_timing"] = pinning or None
+    loaded = _reference_loaded(reference, settings)
+    record["device"] = loaded.get("device_name")
+    record["versions"].update(torch=loaded.get("torch_version"), cuda=loaded.get("cuda_version"))
+    _candidate_loaded(candidate, solution, settings)
+    return loaded, seeds
+
+
+def _host_pinning(settings: EvalSettings) -> dict:
+    """Threads and CPU of both children's timed calls on the host backend (timing/host_pin.py)."""
+    if settings.device_type() != "cpu":
+        return {}
+    return {"host_threads": settings.host_threads, "host_cpu": choose_cpu() if settings.host_pin_cpu else None}
+
+
+def _reference_loaded(reference: Child, settings: EvalSettings) -> dict:
+    """The reference's load: an import (torch, the task's model) like the candidate's, so it gets the
+    import limit when that is longer than the per-request child limit (a short `--timeout`)."""
+    try:
+        loaded = reference.result(max(settings.child_timeout_s, settings.import_timeout_s))
+    except ChildFailed as exc:
+        raise Verdict("infra_error", str(exc)) from None
+    if not loaded.get("ok"):
+        raise reference_failure(loaded)
+    return loaded
+
+
+def _candidate_loaded(candidate: Child, solution: Solution, settings: EvalSettings) -> None:
+    """The candidate's load (a KernelBench file builds its own extension here: its timeout is
+    a compile_error)."""
+    timeout = settings.import_timeout_s + (settings.compile_timeout_s if solution.format == "kernelbench" else 0.0)
+    try:
+        loaded = candidate.result(timeout)
+    except ChildFailed as exc:
+        kind = "compile_error" if (exc.kind == "timeout" and solution.format == "kernelbench") else "runtime_error"
+        raise Verdict(kind, f"loading the candidate: {exc}") from None
+    if not loaded.get("ok"):
+        if loaded.get("kind") == "task" and solution.format == "reference":  # the task's code failed to load
+            raise Verdict("task_error", loaded.get("message", ""))
+        raise candidate_failure(loaded)
+
+
+def check_sets(reference: Child, task: Task, seeds: list[int], settings: EvalSettings, record: dict) -> dict:
+    """The check sets' inputs and reference outputs (the first set run twice, so that a random
+    task shows). A degenerate task is a task_error."""
+    begin = time.perf_counter()
+    sets = reply(reference, {"cmd": "reference", "seeds": seeds, "rerun": True}, settings.child_timeout_s,
+                 harness=True)
+    if not sets.get("ok"):
+        raise reference_failure(sets)
+    # An upper bound on one reference call (input generation included): the candidate's call limit
+    record["reference_call_s"] = round((time.perf_counter() - begin) / (len(seeds) + 1), 6)
+    record["call_timeout_s"] = round(call_timeout(record["reference_call_s"], settings), 3)
+    record["inputs_generated_on"] = sets.get("generated_on")
+    if sets.get("random"):
+        degenerate = "random: two runs on the same inputs disagree"
+    else:
+        degenerate = degenerate_reason(sets["outputs"], None, settings.atol, settings.rtol)
+    if degenerate:
+        record["task_degenerate"] = degenerate
+        raise Verdict("task_error", f"task {task.name}: degenerate: {degenerate}")
+    return sets
+
+
+def call_timeout(reference_call_s: float | None, settings: EvalSettings) -> float:
+    """The limit of one candidate call: a multiple of the reference's call plus a few seconds,
+    never above the child timeout (docs/cheats.md: a loop in forward)."""
+    if reference_call_s is None:
+        return settings.child_timeout_s
+    derived = settings.call_timeout_factor * reference_call_s + settings.call_timeout_extra_s
+    return min(settings.child_timeout_s, derived)
+
+
+def prepare_candidate(candidate: Child, loaded: dict, settings: EvalSettings) -> None:
+    """ModelNew built with the reference's constructor arguments and weights."""
+    request = {"cmd": "prepare", "init_inputs": loaded["init_inputs"], "state_dict": loaded["state_dict"]}
+    prepared = reply(candidate, request, settings.import_timeout_s, harness=False)
+    if not prepared.get("ok"):
+        raise candidate_failure(prepared)
+
+
+@dataclasses.dataclass
+class TimedSets:
+    seeds: list[int]  # one per distinct timed input set
+    inputs: list
+    calls: int  # warm-up and timed calls (0 without profiling)
+    set_bytes: int  # bytes of one input set
+
+
+def timed_sets(reference: Child, check_inputs: list, settings: EvalSettings, record: dict) -> TimedSets:
+    """Input sets of the timed calls: fresh seeds per call while they fit the byte budget, else
+    a rotating pool. Their reference outputs stay in the reference child until asked for."""
+    calls = settings.warmup + settings.repeats if settings.profile else 0
+    set_bytes = max(1, nbytes(check_inputs[0]) if check_inputs else 1)
+    distinct = min(calls, max(1, settings.fresh_input_bytes // set_bytes)) if calls else 0
+    seeds = [secrets.randbits(31) for _ in range(distinct)]
+    record["seeds"]["timed"] = seeds
+    record["fresh_inputs_per_call"] = distinct == calls
+    inputs = []
+    if distinct:
+        got = reply(reference, {"cmd": "inputs", "seeds": seeds}, settings.child_timeout_s, harness=True)
+        if not got.get("ok"):
+            raise reference_failure(got)
+        inputs = got["inputs"]
+    return TimedSets(seeds, inputs, calls, set_bytes)
+
+
+def nbytes(value) -> int:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(nbytes(v) for v in value.values())
+    return 0
+
