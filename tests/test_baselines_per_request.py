@@ -41,7 +41,6 @@ def test_each_way_of_timing_the_baselines_is_the_one_taken(tmp_path, monkeypatch
 def test_the_launch_pad_setting_reaches_both_sides_and_keys_the_cache(monkeypatch):
     import torch
 
-    from evaluator_cuda.roles import candidate
     from evaluator_cuda.timing import profile
     from evaluator_cuda.verdict.schedule import CallRequests
 
@@ -60,8 +59,8 @@ def test_the_launch_pad_setting_reaches_both_sides_and_keys_the_cache(monkeypatc
     # the candidate's call requests and the baselines' cache key
     settings = EvalSettings.for_backend("cuda", launch_pad_cycles=16_000_000)
     requests = CallRequests([("check", 0)], [[]], [], 0, settings.launch_pad_cycles)
-    assert candidate._pad_cycles(requests.request(0, ("check", 0))) == 16_000_000
-    assert candidate._pad_cycles(CallRequests([("check", 0)], [[]], [], 0).request(0, ("check", 0))) is None
+    assert profile.requested_pad(requests.request(0, ("check", 0))) == 16_000_000
+    assert profile.requested_pad(CallRequests([("check", 0)], [[]], [], 0).request(0, ("check", 0))) is None
     assert baseline_protocol(settings)["launch_pad_cycles"] == 16_000_000
     assert "launch_pad_cycles" not in baseline_protocol(EvalSettings.for_backend("cuda"))
 

@@ -206,8 +206,8 @@ class CandidateRole:
 
         from ..isolation.torch_guard import refuse_torch_compute
         from ..timing.kernel_trace import call_range
-        from ..timing.profile import (flush_buffer, flush_l2, poison_allocator, poison_sizes, reset_persisting_l2,
-                                      tensor_sizes, time_one_call)
+        from ..timing.profile import (flush_buffer, flush_l2, poison_allocator, poison_sizes, requested_pad,
+                                      reset_persisting_l2, tensor_sizes, time_one_call)
 
         if self.model is None:
             raise HandlerError("internal", "call before prepare")
@@ -229,7 +229,7 @@ class CandidateRole:
             with torch.no_grad(), refuse_torch_compute(self.block_torch):
                 out, time_us, wall_us = time_one_call(lambda: model(*args), self.device,
                                                       call_range(int(req.get("position", 0))),
-                                                      _pad_cycles(req))
+                                                      requested_pad(req))
         except ForbiddenTorchCompute as exc:
             self._check_guard(exc)
             raise HandlerError("forbidden", str(exc), _candidate_traceback(exc)) from None
@@ -397,9 +397,3 @@ def _count_built_extensions(counter: list) -> None:
             return module
 
         setattr(cpp_extension, name, loader)
-
-
-def _pad_cycles(req: dict) -> int | None:
-    """The launch pad the parent asked for (None: the default)."""
-    pad = req.get("launch_pad_cycles")
-    return int(pad) if pad else None

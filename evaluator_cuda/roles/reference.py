@@ -206,7 +206,7 @@ class ReferenceRole:
         fresh copies of the inputs, freed blocks poisoned, the caches flushed, then the timed call alone."""
         import torch
 
-        from ..timing.profile import flush_buffer, flush_l2, poison_sizes, tensor_sizes, time_one_call
+        from ..timing.profile import flush_buffer, flush_l2, poison_sizes, requested_pad, tensor_sizes, time_one_call
 
         model = self.model if req["which"] == "eager" else self.compiled
         calls = CandidateLikeCalls(model, self.timing_inputs, self.device, block_sizes=self.block_sizes)
@@ -215,7 +215,7 @@ class ReferenceRole:
             self.flush = flush_buffer(int(req.get("l2_flush_bytes", 0)), self.device)
         flush_l2(self.flush)
         with torch.no_grad():
-            out, time_us, _ = time_one_call(calls, self.device, pad_cycles=int(req.get("launch_pad_cycles") or 0) or None)
+            out, time_us, _ = time_one_call(calls, self.device, pad_cycles=requested_pad(req))
         # The output is freed on return, as the candidate child frees its own once it is copied out.
         self.block_sizes = poison_sizes(calls.block_sizes, tensor_sizes(out))
         return {"time_us": time_us}
@@ -230,9 +230,11 @@ class ReferenceRole:
     def do_baselines(self, req: dict) -> dict:
         import torch
 
+        from ..timing.profile import requested_pad
+
         args = self.timing_inputs
         kwargs = dict(warmup=int(req["warmup"]), repeats=int(req["repeats"]), device_type=self.device,
-                      l2_flush_bytes=int(req["l2_flush_bytes"]), pad_cycles=int(req.get("launch_pad_cycles") or 0) or None)
+                      l2_flush_bytes=int(req["l2_flush_bytes"]), pad_cycles=requested_pad(req))
         bound, budget = req.get("se_bound"), float(req.get("budget_s") or 0.0)
         eager = _timed_until_stable(CandidateLikeCalls(self.model, args, self.device), kwargs, bound, budget / 2)
         result = {"eager": eager, "compile": None, "compile_error": None}

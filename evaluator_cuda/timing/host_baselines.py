@@ -5,7 +5,8 @@ and a poisoned allocator; a process woken for each call finds colder caches than
 in one go. Timing the baselines in a loop made the unchanged reference look 2-3x slower than
 itself. Here the parent sends the reference child one request per baseline call, each preceded by
 the same preparation (roles/reference.py `do_time_call`), in rounds until the median is precise
-enough (timing/stability.py) or the budget is spent.
+enough (timing/stability.py) or the budget is spent. With `baselines_per_request` a CUDA evaluation
+times its baselines this way too (summarized as pair means, as the candidate's calls are there).
 """
 
 from __future__ import annotations

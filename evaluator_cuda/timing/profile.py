@@ -213,6 +213,12 @@ def flush_l2(buffer) -> None:
         buffer.zero_()
 
 
+def requested_pad(request: dict) -> int | None:
+    """The launch pad a timing request asks for (`launch_pad_cycles`), None for the default."""
+    pad = request.get("launch_pad_cycles")
+    return int(pad) if pad else None
+
+
 def time_one_call(call, device_type: str, window=None, pad_cycles: int | None = None):
     """(output, device_time_us, wall_time_us) of one call; `window`: a context entered around the
     events and the call (the kernel trace's range of this call); `pad_cycles`: the launch pad (None:
