@@ -281,3 +281,18 @@ def small_output_cases(backend: str, wide_cols: int = 262_144, honest_runs: int 
     constant_task = wide_softmax_task(64, 8192, ignore_inputs=True)
     cases.append((constant_task.name, constant_task, reference_solution(constant_task.name), "task_error"))
     return cases
+
+
+class FakeCudaEvent:
+    """Stands in for torch.cuda.Event on a machine without a GPU: 'records' wall-clock nanoseconds."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+
+        self.t = time.perf_counter_ns()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) / 1e6  # milliseconds, as CUDA events report

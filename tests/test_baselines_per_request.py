@@ -7,7 +7,7 @@ from evaluator_cuda.settings import EvalSettings
 from evaluator_cuda.solutions import reference_solution
 from evaluator_cuda.timing.stability import baseline_protocol
 
-from evaluator_helpers import AXPY_TASK, host
+from evaluator_helpers import AXPY_TASK, FakeCudaEvent, host
 
 
 def test_the_host_times_baselines_per_request_cuda_in_a_loop_unless_told():
@@ -45,13 +45,13 @@ def test_the_launch_pad_setting_reaches_both_sides_and_keys_the_cache(monkeypatc
     from evaluator_cuda.verdict.schedule import CallRequests
 
     slept = []
-    monkeypatch.setattr(profile, "_cuda_timing", (_Event, _Event.record, _Event.elapsed_time, lambda: None,
-                                                  slept.append))
+    timing = (FakeCudaEvent, FakeCudaEvent.record, FakeCudaEvent.elapsed_time, lambda: None, slept.append)
+    monkeypatch.setattr(profile, "_cuda_timing", timing)
     profile.time_one_call(lambda: "out", "cuda", pad_cycles=16_000_000)
     profile.time_one_call(lambda: "out", "cuda")
     assert slept == [16_000_000, profile.LAUNCH_PAD_CYCLES]
     monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
-    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     slept.clear()
     profile.time_forward(lambda: "out", warmup=0, repeats=2, device_type="cuda", pad_cycles=8_000_000)
@@ -64,17 +64,3 @@ def test_the_launch_pad_setting_reaches_both_sides_and_keys_the_cache(monkeypatc
     assert baseline_protocol(settings)["launch_pad_cycles"] == 16_000_000
     assert "launch_pad_cycles" not in baseline_protocol(EvalSettings.for_backend("cuda"))
 
-
-class _Event:
-    """A CUDA event stand-in: 'records' wall-clock nanoseconds."""
-
-    def __init__(self, enable_timing=False):
-        self.t = None
-
-    def record(self, stream=None):
-        import time
-
-        self.t = time.perf_counter_ns()
-
-    def elapsed_time(self, end):
-        return (end.t - self.t) / 1e6

@@ -12,6 +12,7 @@ from evaluator_cuda.isolation import wire
 from evaluator_cuda.extension.diagnostics import parse_compiler_output
 from evaluator_cuda.isolation.torch_guard import ForbiddenTorchCompute, refuse_torch_compute
 from evaluator_cuda.verdict.verify import compare_outputs
+from evaluator_helpers import FakeCudaEvent
 
 CPU = {"cls": "Tensor", "device": "cpu"}
 
@@ -197,21 +198,6 @@ def test_guard_off_is_a_no_op():
         assert torch.allclose(F.relu(x), x.clamp(min=0))
 
 
-class _FakeEvent:
-    """Stands in for torch.cuda.Event on a machine without a GPU: 'records' wall-clock nanoseconds."""
-
-    def __init__(self, enable_timing=False):
-        self.t = None
-
-    def record(self, stream=None):
-        import time
-
-        self.t = time.perf_counter_ns()
-
-    def elapsed_time(self, end):
-        return (end.t - self.t) / 1e6  # milliseconds, as CUDA events report
-
-
 def test_cuda_timing_functions_are_bound_before_candidate_code_and_patching_them_changes_nothing(monkeypatch):
     """bind_cuda_timing() (run by the candidate child before it imports candidate code) keeps the
     event/synchronize functions it found; a candidate that later rebinds torch.cuda's does not
@@ -221,7 +207,7 @@ def test_cuda_timing_functions_are_bound_before_candidate_code_and_patching_them
     from evaluator_cuda.timing import profile
 
     synced = []
-    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: synced.append(1))
     slept = []
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: slept.append(cycles))
@@ -229,7 +215,7 @@ def test_cuda_timing_functions_are_bound_before_candidate_code_and_patching_them
     monkeypatch.setattr(profile, "_reset_persisting_l2", None)
     profile.bind_cuda_timing()
     # the candidate's patches, after the binding
-    monkeypatch.setattr(_FakeEvent, "elapsed_time", lambda self, end: 1e-6)
+    monkeypatch.setattr(FakeCudaEvent, "elapsed_time", lambda self, end: 1e-6)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: None)
     output, time_us, wall_us = profile.time_one_call(lambda: time.sleep(0.02) or "out", "cuda")
