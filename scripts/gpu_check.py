@@ -149,6 +149,10 @@ def bench_verdicts(report_path: Path, solutions: Path) -> list[str]:
                 problems.append(f"{path.name}: expected incorrect/-1, got {record['status']}/{record['reward']}: {record['message'][:120]}")
         elif record["status"] != "correct" or not isinstance(record["reward"], (int, float)) or record["reward"] < 1:
             problems.append(f"{path.name}: expected correct with reward >= 1, got {record['status']}/{record['reward']}: {record['message'][:120]}")
+        elif not (record.get("persisting_l2_reset") and record.get("baseline_persisting_l2_reset")):
+            problems.append(f"{path.name}: persisting L2 lines not demoted before every call "
+                            f"(candidate {record.get('persisting_l2_reset')}, baselines "
+                            f"{record.get('baseline_persisting_l2_reset')})")
         elif record.get("speedup_withheld"):
             problems.append(f"{path.name}: an honest kernel's speed-up withheld: {record['speedup_withheld'][0][:160]}")
     return problems

@@ -48,6 +48,7 @@ def test_cuda_profiled_evaluation_has_times_and_a_reward():
         assert 0 < times["min_us"] <= times["median_us"] <= times["max_us"]
     assert record["reward"] in (1, 2, 3)
     assert record["persisting_l2_reset"] is True  # the driver demoted persisting L2 lines before every call
+    assert record["baseline_persisting_l2_reset"] is True  # and before every baseline call
     assert record["inputs_generated_on"] == "cuda"  # get_inputs() ran under torch.device("cuda")
 
 

@@ -235,6 +235,28 @@ def test_persisting_l2_reset_reports_what_the_driver_did(monkeypatch):
     assert profile.reset_persisting_l2() is False  # CUDA_ERROR_NOT_SUPPORTED
 
 
+def test_the_reference_child_binds_the_persisting_l2_reset_at_a_cuda_load(monkeypatch):
+    """Its baseline calls demote persisting L2 lines as the candidate's calls do (CandidateLikeCalls
+    calls reset_persisting_l2): unbound, the reset was a no-op there and only the candidate paid for it."""
+    from evaluator_cuda.roles import reference
+    from evaluator_cuda.timing import profile
+
+    resets = []
+    monkeypatch.setattr(profile, "_reset_persisting_l2", None)
+    monkeypatch.setattr(profile, "_cuda_timing", None)
+    monkeypatch.setattr(profile, "_driver_persisting_l2_reset", lambda: lambda: resets.append(1) or 0)
+    monkeypatch.setattr(torch.nn.Module, "to", lambda self, *args, **kwargs: self)  # no GPU here
+    monkeypatch.setattr(reference, "device_name", lambda device: "a test GPU")
+    source = "import torch\ndef get_inputs():\n    return [torch.randn(4)]\ndef get_init_inputs():\n    return []\n" \
+             "class Model(torch.nn.Module):\n    def forward(self, x):\n        return x * 2\n"
+    role = reference.ReferenceRole()
+    host = role.do_load({"task_name": "t", "task_source": source, "device": "cpu", "init_seed": 1})
+    assert host["persisting_l2_reset"] is None and profile.reset_persisting_l2() is False
+    loaded = role.do_load({"task_name": "t", "task_source": source, "device": "cuda", "init_seed": 1})
+    assert loaded["persisting_l2_reset"] is True
+    assert profile.reset_persisting_l2() is True and resets == [1]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine where torch.device('cuda') cannot make tensors")
 def test_reference_inputs_fall_back_to_the_host_when_the_device_cannot_make_them():
     """On a GPU the reference child runs get_inputs() under torch.device('cuda'); when that fails

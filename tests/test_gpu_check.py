@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
@@ -88,7 +90,7 @@ def _bench_records(withheld: set[str]) -> list[dict]:
         label = read_solution(path).label
         wrong = "__wrong" in path.name
         record = {"candidate": label, "status": "incorrect" if wrong else "correct", "reward": -1 if wrong else 2,
-                  "message": ""}
+                  "message": "", "persisting_l2_reset": True, "baseline_persisting_l2_reset": True}
         if path.name in withheld:
             record.update(reward=1, speedup_withheld=["eager drifted: 67.3 us per call before, 2567.8 after"])
         records.append(record)
@@ -157,3 +159,18 @@ def test_the_small_output_table_follows_the_jail_in_its_lane_and_its_failure_fai
     assert order.index("small_outputs") > order.index("jail")
     assert {"cuda_tests", "cheats", "bench"} <= set(order)
     assert code == 1 and summary["failures"] == ["small outputs: zeros: correct (expected incorrect)"]
+
+
+@pytest.mark.parametrize("side", ["persisting_l2_reset", "baseline_persisting_l2_reset"])
+def test_an_honest_record_whose_calls_did_not_all_demote_persisting_l2_lines_is_a_problem(tmp_path, side):
+    """The candidate's calls and the baselines' must both have the driver's persisting-L2 reset: a side
+    without it is timed on other terms (the reference child once never bound it)."""
+    gpu_check = _script()
+    records = _bench_records(set())
+    records[0][side] = None
+    (tmp_path / "report.json").write_text(json.dumps({"records": records}))
+    problems = gpu_check.bench_verdicts(tmp_path / "report.json", SCRIPT.parents[1] / "examples" / "solutions")
+    assert len(problems) == 1 and "persisting L2 lines not demoted" in problems[0], problems
+    records[0][side] = True
+    (tmp_path / "report.json").write_text(json.dumps({"records": records}))
+    assert gpu_check.bench_verdicts(tmp_path / "report.json", SCRIPT.parents[1] / "examples" / "solutions") == []

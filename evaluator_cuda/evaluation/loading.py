@@ -42,6 +42,8 @@ def load_children(reference: Child, candidate: Child, task: Task, solution: Solu
     loaded = _reference_loaded(reference, settings)
     record["device"] = loaded.get("device_name")
     record["versions"].update(torch=loaded.get("torch_version"), cuda=loaded.get("cuda_version"))
+    # CUDA: whether the baseline calls demote persisting L2 lines as the candidate's do (persisting_l2_reset)
+    record["baseline_persisting_l2_reset"] = loaded.get("persisting_l2_reset")
     _candidate_loaded(candidate, solution, settings)
     return loaded, seeds
 

@@ -17,8 +17,9 @@ import time
 # that later replaces time.perf_counter_ns does not change what the harness reads (docs/cheats.md #7).
 _clock_ns = time.perf_counter_ns
 
-# The CUDA timing functions, bound the same way by bind_cuda_timing() in the candidate child,
-# after torch is imported and before the candidate's code is: (Event class, Event.record,
+# The CUDA timing functions, bound by bind_cuda_timing() in the candidate child after torch is
+# imported and before the candidate's code is (and in the reference child at its load, so that its
+# baseline calls demote the persisting L2 lines as the candidate's calls do): (Event class, Event.record,
 # Event.elapsed_time, torch.cuda.synchronize). Rebinding them later in torch changes nothing
 # here; the static checks reject sources that assign to module attributes at all.
 _cuda_timing: tuple | None = None
@@ -53,6 +54,11 @@ def _driver_persisting_l2_reset():
     function.restype = ctypes.c_int
     function.argtypes = []
     return function
+
+
+def persisting_l2_reset_bound() -> bool:
+    """Whether bind_cuda_timing() found the driver's persisting-L2 reset."""
+    return _reset_persisting_l2 is not None
 
 
 def reset_persisting_l2() -> bool:

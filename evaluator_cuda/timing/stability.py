@@ -65,6 +65,7 @@ def baseline_protocol(settings) -> dict:
         protocol["calls"] = "one_request_each"  # timing/host_baselines.py
     if settings.device_type() == "cuda":  # timing/profile.py summarize_times(pairs=True)
         protocol["statistic"] = "median_of_pair_means"
+        protocol["persisting_l2"] = "reset_before_each_call"  # the reference child binds the driver's reset too
     if settings.device_type() == "cpu":
         protocol.update(host_threads=settings.host_threads, host_pin_cpu=settings.host_pin_cpu,
                         host_pages="thp")  # torch's CPU blocks on huge pages (sandbox.MALLOC_ENV)

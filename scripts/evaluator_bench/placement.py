@@ -66,6 +66,9 @@ def each_task(args, subcommand: str, rows_of, print_rows) -> int:
     if not torch.cuda.is_available():
         print(f"no GPU visible: `bench_evaluator.py {subcommand}` needs one", file=sys.stderr)
         return 2
+    from evaluator_cuda.timing import profile
+
+    profile.bind_cuda_timing()  # every way's prepare demotes persisting L2 lines, as both children's calls do
     missing = [stem for stem in args.tasks if not (LEVEL1 / f"{stem}.py").exists()]
     if missing:
         print(f"no task file for {', '.join(missing)} under {LEVEL1}", file=sys.stderr)
