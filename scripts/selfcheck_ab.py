@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(ratios, ways, args.band)
     if os.environ.get("OUT"):
         out = Path(os.environ["OUT"]) / "selfcheck_ab.json"
+        out.parent.mkdir(parents=True, exist_ok=True)  # $OUT need not exist yet
         out.write_text(json.dumps({"ways": [f"{n}={json.dumps(v)}" for n, v in ways], "ratios": ratios}, indent=1))
     return 1 if failed else 0
 
