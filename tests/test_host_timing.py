@@ -322,4 +322,29 @@ def test_each_baseline_call_is_prepared_as_a_candidate_call_is(monkeypatch):
     assert len(samples) == 3 and len(seen) == 5 and torch.equal(out, inputs[0] * 3)
     assert all(ptr != inputs[0].data_ptr() and torch.equal(x, inputs[0]) and k == 3 for ptr, x, k in seen)
     assert poisoned == [([], 0)] + [([6 * 4], p % 2) for p in range(1, 5)]  # the output's bytes from the first call on
-    assert baseline_protocol(host(".")).get("calls") == "prepared_as_candidate"  # old cached baselines are not reused
+    assert baseline_protocol(host(".")).get("calls") == "prepared_as_candidate_freed_first"  # old cached baselines are not reused
+
+
+def test_a_baseline_call_frees_the_last_copies_before_making_new_ones(monkeypatch):
+    """As in the candidate child, whose call's copies end with the call: a baseline that made its new copies
+    while the last ones were alive would swap two blocks call by call (two placements the candidate never
+    sees)."""
+    import torch
+
+    from evaluator_cuda.roles.reference import CandidateLikeCalls
+
+    calls = CandidateLikeCalls(lambda x: x * 2.0, [torch.randn(64)], "cpu")
+    alive_while_copying = []
+    clone = torch.Tensor.clone
+
+    def watched_clone(tensor, *args, **kwargs):
+        alive_while_copying.append(len(calls.args))
+        return clone(tensor, *args, **kwargs)
+
+    calls.prepare(0)
+    calls()
+    monkeypatch.setattr(torch.Tensor, "clone", watched_clone)
+    calls.prepare(1)
+    monkeypatch.undo()
+    assert alive_while_copying == [0] and calls.output is None
+    assert torch.equal(calls(), calls.inputs[0] * 2.0)

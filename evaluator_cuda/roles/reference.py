@@ -298,7 +298,10 @@ class CandidateLikeCalls:
         from ..timing.profile import poison_allocator, poison_sizes, reset_persisting_l2, tensor_sizes
 
         self.block_sizes = poison_sizes(self.block_sizes, tensor_sizes(self.output))
-        self.output = None
+        # The last call's copies and output are freed before the new copies are made, as the candidate
+        # child's are (the locals of its call end with it): else the copies and the output swap two blocks
+        # call by call, and the baselines' calls alternate between two placements the candidate's never see.
+        self.output, self.args = None, []
         self.args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.inputs]
         poison_allocator(self.block_sizes, position % 2, self.device)
         if self.device == "cuda":
