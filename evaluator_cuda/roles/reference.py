@@ -100,10 +100,12 @@ class ReferenceRole:
 
         self.task_name = req["task_name"]
         self.device = req["device"]
+        l2_reset = None  # CUDA: whether every baseline call demotes persisting L2 lines, as every candidate call does
         if self.device == "cuda":  # as the candidate child binds them: the same reset before every timed call
             from ..timing import profile
 
             profile.bind_cuda_timing()
+            l2_reset = profile.persisting_l2_reset_bound()
         if req.get("host_threads"):
             from ..timing import host_pin
 
@@ -125,7 +127,7 @@ class ReferenceRole:
             "device_name": device_name(self.device),
             "torch_version": torch.__version__,
             "cuda_version": torch.version.cuda,
-            "persisting_l2_reset": _reset_bound(self.device),
+            "persisting_l2_reset": l2_reset,
         }
 
     def do_reference(self, req: dict) -> dict:
@@ -270,14 +272,6 @@ def _compiled(model, req: dict):
         inductor_config.compile_threads = threads
     mode = req.get("compile_mode") or "default"
     return torch.compile(model, mode=None if mode == "default" else mode)
-
-
-def _reset_bound(device: str) -> bool | None:
-    """CUDA: whether the driver's persisting-L2 reset is bound here, so that every baseline call demotes
-    the persisting lines as every candidate call does; None on the host."""
-    from ..timing import profile
-
-    return profile.persisting_l2_reset_bound() if device == "cuda" else None
 
 
 class CandidateLikeCalls:
