@@ -44,15 +44,19 @@ def test_the_candidates_way_frees_the_last_calls_tensors_before_copying_and_pois
     assert torch.equal(way(), torch.relu(x))
 
 
-def test_the_freed_first_baseline_drops_its_copies_before_the_next_preparation():
+def test_the_copies_kept_baseline_copies_while_the_last_copies_are_held(monkeypatch):
+    """The way before the baselines freed first: the copies alive while the new ones are made."""
     from evaluator_cuda.roles.reference import CandidateLikeCalls
 
     calls = CandidateLikeCalls(torch.nn.ReLU(), [torch.randn(4, 4)], "cpu")
-    freed = _placement()._FreedFirst(calls)
-    freed.prepare(0)
-    out = freed()
-    seen = []
-    original = calls.prepare
-    calls.prepare = lambda position: (seen.append(list(calls.args)), original(position))
-    freed.prepare(1)
-    assert seen == [[]] and torch.equal(out, torch.relu(calls.inputs[0]))
+    kept = _placement()._CopiesKept(calls)
+    kept.prepare(0)
+    out = kept()
+    alive_while_copying = []
+    clone = torch.Tensor.clone
+    monkeypatch.setattr(torch.Tensor, "clone", lambda t, *a, **k: (alive_while_copying.append(len(calls.args)),
+                                                                    clone(t, *a, **k))[1])
+    kept.prepare(1)
+    monkeypatch.undo()
+    assert alive_while_copying == [1] and calls.output is None
+    assert torch.equal(out, torch.relu(calls.inputs[0])) and torch.equal(kept(), out)

@@ -13,14 +13,13 @@ For every task the table gives each offset's median and its ratio to offset 0; t
 is what placement alone can do to a self-check's ratio.
 
 With --paths, the same process instead times each task through three ways of preparing a call, in
-interleaved rounds: the baseline's (roles/reference.py `CandidateLikeCalls`), the same with the last
-call's input copies freed before the next are made, and the candidate child's (roles/candidate.py
-`do_call`: the input set kept on the device, copies made after the last call's tensors were all freed,
-pristine inputs held through the call). If the candidate's way is slower here too, the allocation order
-of the two children, not their being two processes, is what separates a self-check's times. Each way's
-even and odd calls are also given apart: the baseline's way frees the last output before it copies the
-inputs and the last copies after, so its input copy and its output can swap two blocks from one call to
-the next, where the candidate's keeps one assignment; two placements show as two medians.
+interleaved rounds: the baseline's (roles/reference.py `CandidateLikeCalls`: the last call's copies and
+output freed before new copies are made), the same as it was before (new copies made while the last are
+held), and the candidate child's (roles/candidate.py `do_call`: the input set kept on the device, copies
+made after the last call's tensors were all freed, pristine inputs held through the call). If the
+candidate's way is slower here too, the allocation order of the two children, not their being two
+processes, is what separates a self-check's times. Each way's even and odd calls are also given apart: a
+way whose input copy and output swap two blocks from one call to the next shows two medians.
 
 Exit status 0 when every case ran, 1 when one failed, 2 without a GPU or for a missing task file.
 With $OUT set, writes $OUT/bench_evaluator_placement.json.
@@ -144,7 +143,7 @@ def _print_table(rows: list[dict]) -> None:
         print(f"{task}: ratios to offset 0 span {min(ratios):.3f}-{max(ratios):.3f}")
 
 
-PATHS = ("baseline", "baseline, copies freed first", "candidate")
+PATHS = ("baseline", "baseline, copies kept", "candidate")
 
 
 class _CandidateWay:
@@ -175,15 +174,25 @@ class _CandidateWay:
         return self.output
 
 
-class _FreedFirst:
-    """The baseline's preparation with its last copies dropped before the new ones are made."""
+class _CopiesKept:
+    """The baseline's preparation as it was before 2026-12-06 (evening): the new input copies made while the
+    last call's are still held, so that copies and output can swap two blocks from one call to the next."""
 
     def __init__(self, calls):
         self.calls = calls
 
     def prepare(self, position: int) -> None:
-        self.calls.args = []
-        self.calls.prepare(position)
+        import torch
+
+        from evaluator_cuda.timing.profile import poison_allocator, poison_sizes, reset_persisting_l2, tensor_sizes
+
+        calls = self.calls
+        calls.block_sizes = poison_sizes(calls.block_sizes, tensor_sizes(calls.output))
+        calls.output = None
+        calls.args = [a.clone() if isinstance(a, torch.Tensor) else a for a in calls.inputs]  # the last freed after
+        poison_allocator(calls.block_sizes, position % 2, calls.device)
+        if calls.device == "cuda":
+            reset_persisting_l2()
 
     def __call__(self):
         return self.calls()
@@ -201,7 +210,7 @@ def _path_rows(clock: Clock, stem: str, rounds: int, device: str = "cuda") -> li
         model = namespace["Model"](*namespace["get_init_inputs"]()).eval()
         inputs = namespace["get_inputs"]()
     ways = {"baseline": CandidateLikeCalls(model, inputs, device),
-            "baseline, copies freed first": _FreedFirst(CandidateLikeCalls(model, inputs, device)),
+            "baseline, copies kept": _CopiesKept(CandidateLikeCalls(model, inputs, device)),
             "candidate": _CandidateWay(model, inputs, device)}
     samples: dict[str, list[float]] = {name: [] for name in PATHS}
     for round_index in range(rounds):
