@@ -60,3 +60,22 @@ def test_the_copies_kept_baseline_copies_while_the_last_copies_are_held(monkeypa
     monkeypatch.undo()
     assert alive_while_copying == [1] and calls.output is None
     assert torch.equal(out, torch.relu(calls.inputs[0])) and torch.equal(kept(), out)
+
+
+def test_the_one_poison_baseline_poisons_every_call_with_the_same_pattern(monkeypatch):
+    from evaluator_cuda.roles.reference import CandidateLikeCalls
+    from evaluator_cuda.timing import profile
+
+    parities = []
+    poison = profile.poison_allocator
+    monkeypatch.setattr(profile, "poison_allocator",
+                        lambda sizes, parity, device: (parities.append(parity), poison(sizes, parity, device))[1])
+    x = torch.randn(4, 4)
+    one, both = (way(CandidateLikeCalls(torch.nn.ReLU(), [x], "cpu")) for way in (_placement()._OnePoison, lambda c: c))
+    for position in range(4):
+        one.prepare(position)
+        assert torch.equal(one(), torch.relu(x))
+    for position in range(4):
+        both.prepare(position)
+        both()
+    assert parities == [0, 0, 0, 0, 0, 1, 0, 1]

@@ -12,14 +12,15 @@ and a launch pad before each call):
 For every task the table gives each offset's median and its ratio to offset 0; the spread across offsets
 is what placement alone can do to a self-check's ratio.
 
-With --paths, the same process instead times each task through three ways of preparing a call, in
+With --paths, the same process instead times each task through four ways of preparing a call, in
 interleaved rounds: the baseline's (roles/reference.py `CandidateLikeCalls`: the last call's copies and
 output freed before new copies are made), the same as it was before (new copies made while the last are
 held), and the candidate child's (roles/candidate.py `do_call`: the input set kept on the device, copies
 made after the last call's tensors were all freed, pristine inputs held through the call). If the
 candidate's way is slower here too, the allocation order of the two children, not their being two
-processes, is what separates a self-check's times. Each way's even and odd calls are also given apart: a
-way whose input copy and output swap two blocks from one call to the next shows two medians.
+processes, is what separates a self-check's times. A fourth way is the baseline's with one poison pattern
+for every call instead of the two that alternate with the call's parity. Each way's even and odd calls are
+also given apart: a way whose calls alternate between two states shows two medians.
 
 Exit status 0 when every case ran, 1 when one failed, 2 without a GPU or for a missing task file.
 With $OUT set, writes $OUT/bench_evaluator_placement.json.
@@ -143,7 +144,7 @@ def _print_table(rows: list[dict]) -> None:
         print(f"{task}: ratios to offset 0 span {min(ratios):.3f}-{max(ratios):.3f}")
 
 
-PATHS = ("baseline", "baseline, copies kept", "candidate")
+PATHS = ("baseline", "baseline, copies kept", "baseline, one poison", "candidate")
 
 
 class _CandidateWay:
@@ -198,6 +199,20 @@ class _CopiesKept:
         return self.calls()
 
 
+class _OnePoison:
+    """The baseline's preparation with one poison pattern for every call, where the evaluator alternates two
+    by the call's parity: if the even/odd split of the other ways is gone here, the pattern made it."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def prepare(self, position: int) -> None:
+        self.calls.prepare(0)
+
+    def __call__(self):
+        return self.calls()
+
+
 def _path_rows(clock: Clock, stem: str, rounds: int, device: str = "cuda") -> list[dict]:
     """Each way's median over `rounds` interleaved rounds of 10 timed calls (`device` "cpu": a dry run)."""
     import torch
@@ -211,6 +226,7 @@ def _path_rows(clock: Clock, stem: str, rounds: int, device: str = "cuda") -> li
         inputs = namespace["get_inputs"]()
     ways = {"baseline": CandidateLikeCalls(model, inputs, device),
             "baseline, copies kept": _CopiesKept(CandidateLikeCalls(model, inputs, device)),
+            "baseline, one poison": _OnePoison(CandidateLikeCalls(model, inputs, device)),
             "candidate": _CandidateWay(model, inputs, device)}
     samples: dict[str, list[float]] = {name: [] for name in PATHS}
     for round_index in range(rounds):
