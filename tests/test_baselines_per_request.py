@@ -16,7 +16,7 @@ def test_the_host_times_baselines_per_request_cuda_in_a_loop_unless_told():
     switched = EvalSettings.for_backend("cuda", baselines_per_request=True)
     assert switched.time_baselines_per_request()
     assert baseline_protocol(switched)["calls"] == "one_request_each"
-    assert baseline_protocol(EvalSettings.for_backend("cuda"))["calls"] == "prepared_as_candidate_freed_first"
+    assert baseline_protocol(EvalSettings.for_backend("cuda"))["calls"] == "prepared_as_candidate_one_output_block"
     assert not EvalSettings.for_backend("host", baselines_per_request=False).time_baselines_per_request()
 
 

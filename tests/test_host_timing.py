@@ -322,7 +322,7 @@ def test_each_baseline_call_is_prepared_as_a_candidate_call_is(monkeypatch):
     assert len(samples) == 3 and len(seen) == 5 and torch.equal(out, inputs[0] * 3)
     assert all(ptr != inputs[0].data_ptr() and torch.equal(x, inputs[0]) and k == 3 for ptr, x, k in seen)
     assert poisoned == [([], 0)] + [([6 * 4], p % 2) for p in range(1, 5)]  # the output's bytes from the first call on
-    assert baseline_protocol(host(".")).get("calls") == "prepared_as_candidate_freed_first"  # old cached baselines are not reused
+    assert baseline_protocol(host(".")).get("calls") == "prepared_as_candidate_one_output_block"  # old cached baselines are not reused
 
 
 def test_a_baseline_call_frees_the_last_copies_before_making_new_ones(monkeypatch):
@@ -348,3 +348,27 @@ def test_a_baseline_call_frees_the_last_copies_before_making_new_ones(monkeypatc
     monkeypatch.undo()
     assert alive_while_copying == [0] and calls.output is None
     assert torch.equal(calls(), calls.inputs[0] * 2.0)
+
+
+def test_the_timing_loop_frees_each_output_before_the_next_preparation():
+    """As a candidate child's call frees its output (a local of the call): an output held through the next
+    call would make the outputs take two blocks in turn, two placements the candidate's calls never see."""
+    import weakref
+
+    import torch
+
+    from evaluator_cuda.timing.profile import time_forward
+
+    made, alive_at_prepare = [], []
+
+    def call():
+        out = torch.randn(64)
+        made.append(weakref.ref(out))
+        return out
+
+    def prepare(position):
+        alive_at_prepare.append(sum(ref() is not None for ref in made))
+
+    samples, last = time_forward(call, warmup=2, repeats=3, device_type="cpu", prepare=prepare)
+    assert alive_at_prepare == [0] * 5 and len(samples) == 3
+    assert last is made[-1]() and last is not None  # the last output is still returned

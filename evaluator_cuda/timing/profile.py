@@ -138,8 +138,12 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
 
     prepare = prepare or (lambda position: None)
     output = None
+    # Each call's output is dropped before the next preparation, as a candidate child's call drops its own
+    # (a local of the call): held through the next call, the outputs would take two blocks in turn, and the
+    # calls alternate between two placements where the candidate's keep one.
     with torch.no_grad():
         for position in range(warmup):
+            output = None
             prepare(position)
             output = call()
         flush = flush_buffer(l2_flush_bytes, device_type)
@@ -148,6 +152,7 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
             ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
             torch.cuda.synchronize()
             for i in range(repeats):
+                output = None
                 prepare(warmup + i)
                 if flush is not None:
                     flush.zero_()
@@ -160,6 +165,7 @@ def time_forward(call, warmup: int, repeats: int, device_type: str, l2_flush_byt
         else:
             samples = []
             for i in range(repeats):
+                output = None
                 prepare(warmup + i)
                 flush_l2(flush)
                 begin = _clock_ns()

@@ -58,7 +58,7 @@ def baseline_protocol(settings) -> dict:
     """Everything besides the task, device, torch release and compile mode that changes a baseline's time."""
     # "calls": each baseline call prepared as a candidate's call is (roles/reference.py CandidateLikeCalls)
     protocol = {"warmup": settings.warmup, "repeats": settings.repeats, "l2_flush_bytes": settings.l2_flush_bytes,
-                "backend": settings.backend, "calls": "prepared_as_candidate_freed_first"}
+                "backend": settings.backend, "calls": "prepared_as_candidate_one_output_block"}
     if settings.launch_pad_cycles is not None:
         protocol["launch_pad_cycles"] = settings.launch_pad_cycles
     if settings.device_type() == "cuda" and settings.time_baselines_per_request():
