@@ -293,8 +293,7 @@ class CandidateLikeCalls:
 
         self.block_sizes = poison_sizes(self.block_sizes, tensor_sizes(self.output))
         # The last call's copies and output are freed before the new copies are made, as the candidate
-        # child's are (the locals of its call end with it): else the copies and the output swap two blocks
-        # call by call, and the baselines' calls alternate between two placements the candidate's never see.
+        # child's are (the locals of its call end with it), so both sides allocate in the same order.
         self.output, self.args = None, []
         self.args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.inputs]
         poison_allocator(self.block_sizes, position % 2, self.device)
