@@ -99,6 +99,10 @@ class EvalSettings:
     norm_rtol: float = PAPER_RTOL  # scale-aware check: ||out-ref||/||ref|| per tensor (docs/cheats.md #2)
     timed_checks: int = 4  # outputs of timed calls checked, a random sample the candidate cannot see
     fresh_input_bytes: int = 1024**3  # budget for distinct timed input sets; beyond it the sets rotate
+    # The candidate child makes each call's input set from the call's seed (roles/inputs.py) instead of
+    # receiving its bytes, when the reference child finds the task's get_inputs makes the same set twice:
+    # no input bytes cross a channel, and every timed call has a set of its own (no byte budget, no rotation).
+    inputs_from_seeds: bool = True
     # Outputs of this many bytes or more stay in the candidate child, which answers with their digest;
     # the bytes cross only for checked calls (isolation/commitment.py). None: every output is sent.
     # Off until it has passed the GPU check (COMMIT_OUTPUT_BYTES is the value meant for cuda); on the host

@@ -3,8 +3,9 @@
 This process decides the verdict and never imports candidate code. Two children do the work:
 - the reference child (task code only): reference outputs from untouched inputs made from
   seeds chosen here per evaluation, and the eager/compile baselines on a cache miss;
-- the candidate child: loads the extension and ModelNew, runs it on the inputs it is sent
-  (never the seeds), with torch compute refused, then times it.
+- the candidate child: loads the extension and ModelNew, runs it on each call's input set (made
+  there from the call's seed by the task's get_inputs, or sent), with torch compute refused, then
+  times it.
 Outputs travel back over the structured channel and are compared here. Whose fault a failure
 is: verdict/fault.py.
 
@@ -184,18 +185,18 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
             loaded, seeds = load_children(reference, candidate, task, solution, settings, extension, solution_dir,
                                           record, runtime)
         with _step(record, "check_sets"):
-            checks = check_sets(reference, task, seeds, settings, record)
+            checks = check_sets(reference, task, seeds, settings, record, loaded["candidate_makes_inputs"])
         with _step(record, "prepare"):
             prepare_candidate(candidate, loaded, settings)
         with _step(record, "timed_sets"):
-            timed = timed_sets(reference, checks["inputs"], settings, record)
+            timed = timed_sets(reference, checks, settings, record)
         eager_before = None
         if settings.profile:  # bracketed with the eager time after the calls: a load that changed shows
             with _step(record, "eager_before"):
                 eager_before = eager_now(reference, settings)
         say("running the candidate's calls")
         with _step(record, "calls"):
-            calls, caller = run_calls(candidate, reference, checks["inputs"], timed, settings, record)
+            calls, caller = run_calls(candidate, reference, checks.get("inputs") or [], seeds, timed, settings, record)
         with _step(record, "expected"):
             expected = expected_outputs(reference, calls, checks["outputs"], timed.seeds, settings)
         with _step(record, "judge"):

@@ -29,8 +29,8 @@ class Calls:
     paired_eager: list = dataclasses.field(default_factory=list)  # host: an eager call's time (µs) per timed call
 
 
-def run_calls(candidate: Child, reference: Child, check_inputs: list, timed: TimedSets, settings: EvalSettings,
-              record: dict) -> tuple[Calls, "Caller"]:
+def run_calls(candidate: Child, reference: Child, check_inputs: list, check_seeds: list[int], timed: TimedSets,
+              settings: EvalSettings, record: dict) -> tuple[Calls, "Caller"]:
     """Every call of one schedule (verdict/schedule.py), through the same path in the candidate child;
     with the caller that makes further rounds of them later (rounds.py).
 
@@ -38,7 +38,9 @@ def run_calls(candidate: Child, reference: Child, check_inputs: list, timed: Tim
     child, just before it or just after it in turn: the two medians then come from the same seconds
     of a machine whose speed drifts by tens of percent from one second to the next."""
     schedule, sampled = call_schedule(settings.checks, timed.calls, len(timed.seeds), settings.timed_checks)
-    requests = CallRequests(schedule, check_inputs, timed.inputs, settings.l2_flush_bytes, settings.launch_pad_cycles)
+    seeds = {"check": check_seeds, "timed": timed.seeds} if timed.by_seed else None
+    requests = CallRequests(schedule, check_inputs, timed.inputs, settings.l2_flush_bytes, settings.launch_pad_cycles,
+                            seeds, timed.generated_on)
     calls = Calls(list(schedule), {}, [], [])
     caller = Caller(candidate, reference, requests, calls, settings, call_timeout(record.get("reference_call_s"), settings))
     answer: dict = {}

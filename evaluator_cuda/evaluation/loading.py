@@ -44,7 +44,7 @@ def load_children(reference: Child, candidate: Child, task: Task, solution: Solu
     record["versions"].update(torch=loaded.get("torch_version"), cuda=loaded.get("cuda_version"))
     # CUDA: whether the baseline calls demote persisting L2 lines as the candidate's do (persisting_l2_reset)
     record["baseline_persisting_l2_reset"] = loaded.get("persisting_l2_reset")
-    _candidate_loaded(candidate, solution, settings)
+    loaded["candidate_makes_inputs"] = bool(_candidate_loaded(candidate, solution, settings).get("makes_inputs"))
     return loaded, seeds
 
 
@@ -67,9 +67,9 @@ def _reference_loaded(reference: Child, settings: EvalSettings) -> dict:
     return loaded
 
 
-def _candidate_loaded(candidate: Child, solution: Solution, settings: EvalSettings) -> None:
+def _candidate_loaded(candidate: Child, solution: Solution, settings: EvalSettings) -> dict:
     """The candidate's load (a KernelBench file builds its own extension here: its timeout is
-    a compile_error)."""
+    a compile_error); its answer."""
     timeout = settings.import_timeout_s + (settings.compile_timeout_s if solution.format == "kernelbench" else 0.0)
     try:
         loaded = candidate.result(timeout)
@@ -80,16 +80,24 @@ def _candidate_loaded(candidate: Child, solution: Solution, settings: EvalSettin
         if loaded.get("kind") == "task" and solution.format == "reference":  # the task's code failed to load
             raise Verdict("task_error", loaded.get("message", ""))
         raise candidate_failure(loaded)
+    return loaded
 
 
-def check_sets(reference: Child, task: Task, seeds: list[int], settings: EvalSettings, record: dict) -> dict:
-    """The check sets' inputs and reference outputs (the first set run twice, so that a random
-    task shows). A degenerate task is a task_error."""
+def check_sets(reference: Child, task: Task, seeds: list[int], settings: EvalSettings, record: dict,
+               candidate_makes_inputs: bool = False) -> dict:
+    """The check sets' reference outputs (the first set run twice, so that a random task shows), and
+    their inputs unless the candidate child makes every set from its seed (`by_seed`: asked for when both
+    the settings and the candidate child can, granted by the reference child when the task's get_inputs
+    makes the same set twice). A degenerate task is a task_error."""
     begin = time.perf_counter()
-    sets = reply(reference, {"cmd": "reference", "seeds": seeds, "rerun": True}, settings.child_timeout_s,
-                 harness=True)
+    asked = settings.inputs_from_seeds and candidate_makes_inputs
+    request = {"cmd": "reference", "seeds": seeds, "rerun": True, "by_seed": asked}
+    sets = reply(reference, request, settings.child_timeout_s, harness=True)
     if not sets.get("ok"):
         raise reference_failure(sets)
+    record["inputs_by_seed"] = bool(sets.get("by_seed"))
+    if asked and not sets.get("by_seed"):
+        record["inputs_sent_because"] = "the task's get_inputs() did not make the same set twice from one seed"
     # An upper bound on one reference call (input generation included): the candidate's call limit
     record["reference_call_s"] = round((time.perf_counter() - begin) / (len(seeds) + 1), 6)
     record["call_timeout_s"] = round(call_timeout(record["reference_call_s"], settings), 3)
@@ -124,27 +132,31 @@ def prepare_candidate(candidate: Child, loaded: dict, settings: EvalSettings) ->
 @dataclasses.dataclass
 class TimedSets:
     seeds: list[int]  # one per distinct timed input set
-    inputs: list
+    inputs: list  # the sets' values, sent with their first calls ([] when made from seeds)
     calls: int  # warm-up and timed calls (0 without profiling)
     set_bytes: int  # bytes of one input set
+    by_seed: bool = False  # the candidate child makes each set from its seed
+    generated_on: str | None = None  # where the sets are made ("cuda" or "cpu")
 
 
-def timed_sets(reference: Child, check_inputs: list, settings: EvalSettings, record: dict) -> TimedSets:
-    """Input sets of the timed calls: fresh seeds per call while they fit the byte budget, else
-    a rotating pool. Their reference outputs stay in the reference child until asked for."""
+def timed_sets(reference: Child, sets: dict, settings: EvalSettings, record: dict) -> TimedSets:
+    """Input sets of the timed calls. Made from seeds in the candidate child: a fresh seed per call.
+    Sent: fresh sets per call while they fit the byte budget, else a rotating pool. Their reference
+    outputs are computed in the reference child (when the sets are sent, now) and kept until asked for."""
     calls = settings.warmup + settings.repeats if settings.profile else 0
-    set_bytes = max(1, nbytes(check_inputs[0]) if check_inputs else 1)
-    distinct = min(calls, max(1, settings.fresh_input_bytes // set_bytes)) if calls else 0
+    set_bytes = max(1, int(sets.get("input_bytes") or 0))
+    by_seed = bool(sets.get("by_seed"))
+    distinct = calls if by_seed else (min(calls, max(1, settings.fresh_input_bytes // set_bytes)) if calls else 0)
     seeds = [secrets.randbits(31) for _ in range(distinct)]
     record["seeds"]["timed"] = seeds
     record["fresh_inputs_per_call"] = distinct == calls
     inputs = []
-    if distinct:
+    if distinct and not by_seed:
         got = reply(reference, {"cmd": "inputs", "seeds": seeds}, settings.child_timeout_s, harness=True)
         if not got.get("ok"):
             raise reference_failure(got)
         inputs = got["inputs"]
-    return TimedSets(seeds, inputs, calls, set_bytes)
+    return TimedSets(seeds, inputs, calls, set_bytes, by_seed, sets.get("generated_on"))
 
 
 def nbytes(value) -> int:

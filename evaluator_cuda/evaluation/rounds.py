@@ -29,7 +29,8 @@ def more_rounds(caller: Caller, reference: Child, timed: TimedSets, checked_in_s
     try:
         while time.perf_counter() - begin < settings.timing_rounds_budget_s:
             loose = less_precise_than({"candidate": calls.times, "eager": calls.paired_eager}, bound)
-            if not loose or fresh_sets_left(len(timed.seeds), timed.set_bytes, settings.fresh_input_bytes) < settings.repeats:
+            if not loose or (not timed.by_seed and fresh_sets_left(len(timed.seeds), timed.set_bytes,
+                                                                  settings.fresh_input_bytes) < settings.repeats):
                 break
             _one_round(caller, reference, timed, checked, settings, record)
             rounds += 1
@@ -46,12 +47,13 @@ def _one_round(caller: Caller, reference: Child, timed: TimedSets, checked: int,
     """`repeats` timed calls on new input sets, then the verdict on a secret sample of their outputs."""
     calls = caller.calls
     seeds = [secrets.randbits(31) for _ in range(settings.repeats)]
-    got = reply(reference, {"cmd": "inputs", "seeds": seeds}, settings.child_timeout_s, harness=True)
-    if not got.get("ok"):
-        raise reference_failure(got)
+    if not timed.by_seed:
+        got = reply(reference, {"cmd": "inputs", "seeds": seeds}, settings.child_timeout_s, harness=True)
+        if not got.get("ok"):
+            raise reference_failure(got)
+        timed.inputs.extend(got["inputs"])  # the same list CallRequests sends from
     round_calls, sampled = plan_round(settings.repeats, checked, len(timed.seeds))
-    timed.seeds.extend(seeds)
-    timed.inputs.extend(got["inputs"])  # the same list CallRequests sends from
+    timed.seeds.extend(seeds)  # the same list CallRequests takes seeds from
     positions = []
     for offset, call in enumerate(round_calls):
         calls.schedule.append(call)

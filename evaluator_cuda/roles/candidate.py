@@ -3,7 +3,9 @@
 It loads the built extension as `cuda_extension`, imports `ModelNew` (workspace
 `model_new.py`, a KernelBench single file, or the task's own `Model` for a harness
 self-check), runs it on clones of the inputs the parent sends while torch compute outside the
-extension is refused, and times it. It never sees a seed or a reference output.
+extension is refused, and times it. It never sees a reference output, nor any seed but that of
+the call it is making: a call names either its input set's bytes or the seed to make it from with
+the task's own `get_inputs` (roles/inputs.py), never ahead of the call.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..timing import host_pin
 from ..timing import profile as _profile  # noqa: F401  (binds the harness clock before candidate code loads)
 from ..timing.kernel_trace import discard_trace
 from .errors import HandlerError, one_line
+from .inputs import inputs_from_seed
 
 BUILD_ERROR_MARKER = "Error building extension"
 
@@ -107,6 +110,7 @@ class CandidateRole:
         self.timing_state: tuple = ()  # host: torch's threads and this thread's CPUs, set at load
         self.commit_from: int | None = None  # outputs of this many bytes or more answer with their digest
         self.kept_output = None  # the last call's output, while only its digest has been sent
+        self.get_inputs = None  # the task's get_inputs, from a run of its source before any candidate code
         take_refusals()  # a role starts with no refusal on record (one role per process in a child)
 
     def do_load(self, req: dict) -> dict:
@@ -123,6 +127,7 @@ class CandidateRole:
             self.timing_state = host_pin.pin(req["host_threads"], req.get("host_cpu"))
         if self.device == "cuda":
             _profile.bind_cuda_timing()  # before any candidate code can rebind torch.cuda's timing functions
+        self.get_inputs = _task_get_inputs(req)
 
         self.require_extension = req["format"] != "reference" and self.block_torch
         if req["format"] == "kernelbench":  # it builds its own extension (torch.utils.cpp_extension is slow to import)
@@ -147,7 +152,7 @@ class CandidateRole:
                 discard_trace()  # evaluate() starts a self-check untraced; a child started traced stops here
                 namespace = exec_task(req["task_name"], req["task_source"], module_name="reference_task")
                 self.model_class = namespace["Model"]
-                return {}
+                return {"makes_inputs": self.get_inputs is not None}
             path = solution_dir / req["entry"]
             module = _import_file("model_new", path)
         except TaskError as exc:
@@ -167,7 +172,7 @@ class CandidateRole:
             raise HandlerError("runtime", f"{req['entry']} defines no ModelNew")
         self.model_class = model_class
         self._check_guard(None)
-        return {}
+        return {"makes_inputs": self.get_inputs is not None}
 
     def do_prepare(self, req: dict) -> dict:
         """Build ModelNew with the reference's constructor arguments and weights."""
@@ -291,10 +296,13 @@ class CandidateRole:
             raise HandlerError("precision_switch", f"candidate code changed torch's precision settings: {changed}")
 
     def _input_set(self, req: dict) -> tuple[list, list]:
-        """(device values, values as received) of the call's input set: sent with it, or kept
-        under an id from an earlier call."""
+        """(device values, values as received or made) of the call's input set: made from the call's
+        seed, sent with it, or kept under an id from an earlier call."""
         from .reference import to_device
 
+        if "seed" in req:
+            values = self._made(req)
+            return to_device(values, self.device), values
         if "set" in req:
             if str(req["set"]) not in self.stored:
                 raise HandlerError("internal", f"no kept input set {req['set']!r}")
@@ -304,6 +312,19 @@ class CandidateRole:
         if req.get("keep_as"):  # the parent will name this set again in a later call
             self.stored[str(req["keep_as"])] = (on_device, values)
         return on_device, values
+
+    def _made(self, req: dict) -> list:
+        """The set made from the call's seed where the reference child made its own (`generated_on`).
+        Candidate code shares this process and may meddle with it: its outputs then answer other
+        inputs than the reference's, and the checked calls find them wrong."""
+        if self.get_inputs is None:
+            raise HandlerError("internal", "a call by seed, but the task's get_inputs was not loaded")
+        try:
+            return inputs_from_seed("the task", self.get_inputs, int(req["seed"]), req.get("generated_on") == "cuda")
+        except Exception as exc:
+            self._check_guard(exc)
+            raise HandlerError("runtime", f"making the call's inputs from its seed raised {one_line(exc)}",
+                               _candidate_traceback(exc)) from None
 
     def _check_call(self, out, args: list, pristine: list, calls_before: int) -> None:
         """What a call may not do, checked after it: an output that cannot be sent, no call into the
@@ -323,6 +344,17 @@ class CandidateRole:
         mutated = [i for i, (a, p) in enumerate(zip(args, pristine)) if p is not None and not _same_tensor(a, p)]
         if mutated:
             raise HandlerError("mutated_inputs", f"forward modified its input(s) {mutated}")
+
+
+def _task_get_inputs(req: dict):
+    """The task's get_inputs from a run of its source of its own, before any candidate code loads; None
+    without a task source or when the source does not run here (the parent then sends every set)."""
+    if not req.get("task_source"):
+        return None
+    try:
+        return exec_task(req["task_name"], req["task_source"], module_name="task_inputs")["get_inputs"]
+    except TaskError:
+        return None
 
 
 class _Split:

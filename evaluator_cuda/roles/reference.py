@@ -11,6 +11,7 @@ import time
 
 from ..tasks import TaskError, exec_task
 from .errors import HandlerError, one_line
+from .inputs import checked_inputs, inputs_from_seed, same_inputs
 
 
 def _sync(device: str) -> None:
@@ -44,15 +45,10 @@ def device_name(device: str) -> str:
     return "cpu: " + (platform.processor() or platform.machine())
 
 
-def _check_inputs(task_name: str, fn_name: str, values) -> list:
+def _nbytes(values) -> int:
     import torch
 
-    if not isinstance(values, (list, tuple)):
-        raise TaskError(task_name, f"{fn_name}() returned {type(values).__name__}, expected a list or tuple")
-    for v in values:
-        if not isinstance(v, (torch.Tensor, int, float, bool, str, type(None), list, tuple, torch.dtype)):
-            raise TaskError(task_name, f"{fn_name}() returned an element of type {type(v).__name__}")
-    return list(values)
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
 def _disagree(first, again) -> bool:
@@ -99,6 +95,7 @@ class ReferenceRole:
         import torch
 
         self.task_name = req["task_name"]
+        self.task_source = req["task_source"]
         self.device = req["device"]
         l2_reset = None  # CUDA: whether every baseline call demotes persisting L2 lines, as every candidate call does
         if self.device == "cuda":  # as the candidate child binds them: the same reset before every timed call
@@ -112,7 +109,7 @@ class ReferenceRole:
             host_pin.pin(req["host_threads"], req.get("host_cpu"))
         try:
             self.namespace = exec_task(self.task_name, req["task_source"])
-            init_inputs = _check_inputs(self.task_name, "get_init_inputs",
+            init_inputs = checked_inputs(self.task_name, "get_init_inputs",
                                         self._task_call("get_init_inputs()", self.namespace["get_init_inputs"]))
             torch.manual_seed(int(req["init_seed"]))
             model = self._task_call("Model(*get_init_inputs())", lambda: self.namespace["Model"](*init_inputs))
@@ -131,6 +128,10 @@ class ReferenceRole:
         }
 
     def do_reference(self, req: dict) -> dict:
+        """The check sets' reference outputs, from inputs made from the seeds, and whether the first set's
+        forward gives the same output twice (a random task). With `by_seed`, a candidate child may make its
+        own sets from the seeds when the first set comes out the same, to the bit, from a fresh run of the
+        task's source (`by_seed` in the reply); the inputs are sent only when it may not."""
         import torch
 
         input_sets, outputs = [], []
@@ -151,29 +152,41 @@ class ReferenceRole:
                 with torch.no_grad():
                     rerun = self._task_call("the reference forward", lambda: self.model(*first))
                 _sync(self.device)
+            by_seed = bool(req.get("by_seed")) and bool(req["seeds"]) and self._remade_alike(req["seeds"][0],
+                                                                                           input_sets[0])
         except TaskError as exc:
             raise HandlerError("task", str(exc)) from None
         generated_on = "cuda" if self.device == "cuda" and self.generate_on_device else "cpu"
-        return {"inputs": input_sets, "outputs": outputs, "random": rerun is not None and _disagree(outputs[0], rerun),
-                "generated_on": generated_on}
+        answer = {"outputs": outputs, "random": rerun is not None and _disagree(outputs[0], rerun),
+                  "generated_on": generated_on, "by_seed": by_seed,
+                  "input_bytes": _nbytes(input_sets[0]) if input_sets else 0}
+        if not by_seed:
+            answer["inputs"] = input_sets
+        return answer
+
+    def _remade_alike(self, seed: int, made: list) -> bool:
+        """Whether a fresh run of the task's source makes the same set from `seed`, to the bit: what a
+        candidate child that makes its sets from seeds needs (no unseeded randomness, no state the
+        reference's own run of the source left behind)."""
+        fresh = exec_task(self.task_name, self.task_source, module_name="task_remade")["get_inputs"]
+        on_device = self.device == "cuda" and self.generate_on_device
+        try:
+            again = inputs_from_seed(self.task_name, fresh, seed, on_device)
+        except Exception:
+            return False
+        return same_inputs(made, again)
 
     def _inputs_from_seed(self, seed: int) -> list:
-        """get_inputs() after seeding. On a GPU the task's factory calls (torch.randn, ...) run
-        on the device, under `torch.device`: host-side generation of large random tensors would
-        cost more than the whole evaluation. A task whose get_inputs() fails that way (or
-        returns something the device cannot hold) is generated on the host as written."""
-        import torch
-
+        """get_inputs() after seeding (roles/inputs.py), on the device when it can. A task whose
+        get_inputs() fails that way (or returns something the device cannot hold) is generated on the
+        host as written, this set and every later one, so that all sets match in kind."""
         get_inputs = self.namespace["get_inputs"]
         if self.device == "cuda" and self.generate_on_device:
-            torch.manual_seed(int(seed))
             try:
-                with torch.device("cuda"):
-                    return _check_inputs(self.task_name, "get_inputs", get_inputs())
+                return inputs_from_seed(self.task_name, get_inputs, seed, on_device=True)
             except Exception:
-                self.generate_on_device = False  # every later set on the host too, so all sets match in kind
-        torch.manual_seed(int(seed))
-        return _check_inputs(self.task_name, "get_inputs", self._task_call("get_inputs()", get_inputs))
+                self.generate_on_device = False
+        return self._task_call("get_inputs()", lambda: inputs_from_seed(self.task_name, get_inputs, seed, False))
 
     def do_inputs(self, req: dict) -> dict:
         """Input sets for timed calls. Their reference outputs are computed now, from the
@@ -228,10 +241,20 @@ class ReferenceRole:
         return {"time_us": time_us}
 
     def do_outputs(self, req: dict) -> dict:
-        """Reference outputs of timed input sets (kept since do_inputs)."""
-        missing = [seed for seed in req["seeds"] if int(seed) not in self.timed_outputs]
-        if missing:
-            raise HandlerError("internal", f"no reference outputs kept for seeds {missing}")
+        """Reference outputs of timed input sets: kept since do_inputs, or (sets a candidate child made from
+        their seeds) computed now from the set made again."""
+        import torch
+
+        try:
+            for seed in req["seeds"]:
+                if int(seed) not in self.timed_outputs:
+                    device_inputs = to_device(self._inputs_from_seed(int(seed)), self.device)
+                    with torch.no_grad():
+                        self.timed_outputs[int(seed)] = self._task_call(
+                            "the reference forward", lambda: self.model(*device_inputs))
+            _sync(self.device)
+        except TaskError as exc:
+            raise HandlerError("task", str(exc)) from None
         return {"outputs": [self.timed_outputs[int(seed)] for seed in req["seeds"]]}
 
     def do_baselines(self, req: dict) -> dict:

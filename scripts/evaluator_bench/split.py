@@ -5,7 +5,10 @@ evaluated once with the baselines measured (cold), then with them cached, altern
 `--rounds` times each: with `--vary judge` (the default) the outputs judged on the device in the verdict
 process (settings.judge_on_device, the default) and on its CPU; with `--vary commit` large outputs
 committed by digest and fetched only for checked calls (settings.commit_output_bytes at
-settings.COMMIT_OUTPUT_BYTES) and every output sent with its call (the default). Each cached evaluation
+settings.COMMIT_OUTPUT_BYTES) and every output sent with its call (the default); with `--vary seeds`
+each call's input set made in the candidate child from the call's seed (settings.inputs_from_seeds, the
+default) and every set's bytes sent; with `--vary seeds_commit` both made sets and committed outputs
+against both sent. Each cached evaluation
 keeps its total wall time, its verification split (record["verify_steps_s"]) and the split of its
 candidate calls (record["calls_split_us"]: the child's phases and the channel). Prints a table at the
 end; with $OUT set, writes $OUT/bench_evaluator_split.json. Exit status 0 when every evaluation was
@@ -25,6 +28,9 @@ from evaluator_cuda.settings import COMMIT_OUTPUT_BYTES
 VARIANTS = {  # --vary: label -> settings overrides, the default first
     "judge": {"device": {"judge_on_device": True}, "cpu": {"judge_on_device": False}},
     "commit": {"committed": {"commit_output_bytes": COMMIT_OUTPUT_BYTES}, "sent": {"commit_output_bytes": None}},
+    "seeds": {"made": {"inputs_from_seeds": True}, "sent": {"inputs_from_seeds": False}},
+    "seeds_commit": {"made_committed": {"inputs_from_seeds": True, "commit_output_bytes": COMMIT_OUTPUT_BYTES},
+                     "sent": {"inputs_from_seeds": False, "commit_output_bytes": None}},
 }
 
 

@@ -1,0 +1,83 @@
+"""Input sets made from seeds in the candidate child (settings.inputs_from_seeds): the same bits as the
+reference child's, no input bytes sent, a fresh set for every call, the sets sent instead when the task's
+get_inputs is not reproducible, and a candidate that meddles with the making found wrong."""
+
+import textwrap
+
+import torch
+
+from evaluator_cuda.evaluation import evaluate
+from evaluator_cuda.roles.inputs import inputs_from_seed, same_inputs
+from evaluator_cuda.solutions import reference_solution
+from evaluator_cuda.tasks import Task, exec_task
+from evaluator_cuda.verdict.schedule import CallRequests, call_schedule
+
+from evaluator_helpers import AXPY_TASK, build_cache, host, model_new_with, workspace  # noqa: F401  (fixture)
+
+UNSEEDED_TASK = Task(name="unseeded_axpy", source=AXPY_TASK.source.replace(
+    "return [torch.randn(4096), torch.randn(4096)]",
+    "import random\n    return [torch.randn(4096) + random.random(), torch.randn(4096)]"))
+
+
+def test_a_set_made_from_a_seed_is_the_same_in_a_fresh_run_of_the_source():
+    first = exec_task("axpy", AXPY_TASK.source, module_name="seed_test_a")["get_inputs"]
+    again = exec_task("axpy", AXPY_TASK.source, module_name="seed_test_b")["get_inputs"]
+    made = inputs_from_seed("axpy", first, 1234, on_device=False)
+    torch.manual_seed(1234)  # what the reference did before: seed, then the task's own factory calls
+    expected = [torch.randn(4096), torch.randn(4096)]
+    assert all(torch.equal(m, e) for m, e in zip(made, expected))
+    assert same_inputs(made, inputs_from_seed("axpy", again, 1234, on_device=False))
+    assert not same_inputs(made, inputs_from_seed("axpy", again, 1235, on_device=False))
+
+
+def test_same_inputs_compares_bits():
+    nan = torch.tensor([float("nan"), 1.0])
+    assert same_inputs([nan, 3], [nan.clone(), 3])
+    assert not same_inputs([torch.tensor([0.0])], [torch.tensor([-0.0])])  # equal values, other bits
+    assert not same_inputs([torch.zeros(2)], [torch.zeros(2, dtype=torch.float64)])
+    assert not same_inputs([torch.zeros(2), 3], [torch.zeros(2), 4])
+    assert not same_inputs([torch.zeros(2)], [torch.zeros(2), 1])
+
+
+def test_calls_by_seed_carry_no_input_bytes():
+    schedule, _ = call_schedule(3, 6, 6, 2)
+    seeds = {"check": [11, 12, 13], "timed": [21, 22, 23, 24, 25, 26]}
+    requests = CallRequests(schedule, [["check bytes"]] * 3, [["timed bytes"]] * 6, 0, seeds=seeds,
+                            generated_on="cpu")
+    messages = [requests.request(k, call) for k, call in enumerate(schedule)]
+    assert not requests.keep_sets
+    assert all("inputs" not in m and "set" not in m and "keep_as" not in m for m in messages)
+    assert [m["seed"] for m in messages] == [seeds[kind][index] for kind, index in schedule]
+    assert {m["generated_on"] for m in messages} == {"cpu"}
+
+
+def test_made_sets_are_fresh_for_every_call_where_sent_sets_rotate(build_cache):
+    budget = {"profile": True, "fresh_input_bytes": 3 * 2 * 4096 * 4}  # three sets' bytes
+    settings = host(build_cache, **budget)
+    made = evaluate(AXPY_TASK, workspace("+"), settings)
+    sent = evaluate(AXPY_TASK, workspace("+"), host(build_cache, inputs_from_seeds=False, **budget))
+    assert made["status"] == sent["status"] == "correct", (made["message"], sent["message"])
+    assert made["inputs_by_seed"] and not sent["inputs_by_seed"]
+    timed_calls = settings.warmup + settings.repeats
+    assert made["fresh_inputs_per_call"] and len(set(made["seeds"]["timed"])) == timed_calls
+    assert not sent["fresh_inputs_per_call"] and len(sent["seeds"]["timed"]) == 3
+
+
+def test_a_task_whose_inputs_are_not_reproducible_has_its_sets_sent(build_cache):
+    record = evaluate(UNSEEDED_TASK, reference_solution(UNSEEDED_TASK.stem), host(build_cache))
+    assert record["status"] == "correct", record["message"]
+    assert record["inputs_by_seed"] is False
+    assert "same set twice" in record["inputs_sent_because"]
+
+
+def test_a_candidate_that_meddles_with_the_making_of_its_inputs_is_incorrect(build_cache):
+    forward = "return cuda_extension.axpy_forward(x, y, float(self.alpha))"
+    meddling = model_new_with(forward, prelude=textwrap.dedent("""
+        torch.manual_seed = lambda seed: None  # every set made from the generator's running state
+    """))
+    record = evaluate(AXPY_TASK, workspace("+", model_new=meddling), host(build_cache, static_checks=False))
+    assert record["inputs_by_seed"]
+    assert record["status"] == "incorrect" and record["reward"] == -1, record["message"]
+    honest = evaluate(AXPY_TASK, workspace("+", model_new=model_new_with(forward)),
+                      host(build_cache, static_checks=False))
+    assert honest["status"] == "correct", honest["message"]
