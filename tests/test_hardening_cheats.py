@@ -278,7 +278,8 @@ def test_10_no_input_set_reaches_the_candidate_before_its_call(build_cache, monk
     set of its own call, and nothing but calls carries inputs. Sets reused by rotation are kept
     under an id then (every set alike, check sets too) and named, not sent again."""
     sent = _candidate_messages(monkeypatch)
-    record = evaluate(AXPY_TASK, workspace(), host(build_cache, profile=True, fresh_input_bytes=fresh_input_bytes))
+    record = evaluate(AXPY_TASK, workspace(), host(build_cache, profile=True, fresh_input_bytes=fresh_input_bytes,
+                                                   inputs_from_seeds=False))
     assert record["status"] == "correct", record["message"]
     calls = [m for m in sent if m["cmd"] == "call"]
     assert [m["cmd"] for m in sent if m["cmd"] != "call"] == ["load", "prepare"] and len(calls) == record["checked_calls"]["calls"]
@@ -297,6 +298,34 @@ def test_10_no_input_set_reaches_the_candidate_before_its_call(build_cache, monk
             else:
                 kept_before.add(m["keep_as"])
         assert named and set(named) <= kept_before
+
+
+def test_10_no_seed_reaches_the_candidate_before_its_call(build_cache, monkeypatch):
+    """Sets made from seeds in the candidate child: every call carries one seed, its own, used by no other
+    call (no byte budget: a tiny one changes nothing), and no message before the call names it."""
+    sent = _candidate_messages(monkeypatch)
+    record = evaluate(AXPY_TASK, workspace(), host(build_cache, profile=True, fresh_input_bytes=1))
+    assert record["status"] == "correct" and record["inputs_by_seed"], record["message"]
+    calls = [m for m in sent if m["cmd"] == "call"]
+    assert all("seed" in m and "inputs" not in m and "set" not in m for m in calls)
+    seeds = [m["seed"] for m in calls]
+    assert sorted(seeds) == sorted(record["seeds"]["inputs"] + record["seeds"]["timed"]) and len(set(seeds)) == len(seeds)
+    for position, message in enumerate(sent):
+        if message["cmd"] == "call":
+            assert message["seed"] not in _numbers(sent[:position])
+
+
+def _numbers(value) -> set:
+    """Every int in a nested message (the keys' values, at any depth)."""
+    if isinstance(value, bool):
+        return set()
+    if isinstance(value, int):
+        return {value}
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return set().union(*(_numbers(v) for v in value)) if value else set()
+    return set()
 
 
 # --- 13: predictable seeds -------------------------------------------------------------------

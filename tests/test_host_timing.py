@@ -158,7 +158,7 @@ def test_host_calls_are_paired_with_eager_calls_on_the_same_machine_moment():
     settings = EvalSettings.for_backend("host", profile=True, checks=2, warmup=2, repeats=8)
     timed = evaluation.loading.TimedSets(seeds=[1, 2], inputs=[[], []], calls=settings.warmup + settings.repeats, set_bytes=0)
     machine = _DriftingMachine(fast_requests=2 + 2 * 5)  # the warm-up calls, then five pairs at full speed
-    calls, _ = evaluation.calls.run_calls(machine.child("candidate"), machine.child("reference"), [[], []], timed, settings, {})
+    calls, _ = evaluation.calls.run_calls(machine.child("candidate"), machine.child("reference"), [[], []], [1, 2], timed, settings, {})
     assert machine.requests[:2] == ["candidate", "candidate"]  # the warm-up calls are not paired
     pairs = [machine.requests[i:i + 2] for i in range(2, len(machine.requests), 2)]
     assert pairs == [["reference", "candidate"], ["candidate", "reference"]] * 5  # before, after, in turn
