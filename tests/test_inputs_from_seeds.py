@@ -81,3 +81,11 @@ def test_a_candidate_that_meddles_with_the_making_of_its_inputs_is_incorrect(bui
     honest = evaluate(AXPY_TASK, workspace("+", model_new=model_new_with(forward)),
                       host(build_cache, static_checks=False))
     assert honest["status"] == "correct", honest["message"]
+
+
+def test_a_candidate_that_breaks_the_making_of_its_inputs_is_a_runtime_error(build_cache):
+    forward = "return cuda_extension.axpy_forward(x, y, float(self.alpha))"
+    breaking = model_new_with(forward, prelude="torch.manual_seed = None  # the harness's call to it raises\n")
+    record = evaluate(AXPY_TASK, workspace("+", model_new=breaking), host(build_cache, static_checks=False))
+    assert record["status"] == "runtime_error" and record["reward"] == -1, record["message"]
+    assert "making the call's inputs from its seed raised TypeError" in record["message"]
