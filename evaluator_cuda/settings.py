@@ -63,7 +63,7 @@ def host_cache_flush_bytes(cpu_cache_root: str = "/sys/devices/system/cpu/cpu0/c
 
 
 HOST_TIMING_ROUNDS_S = 2.0  # settings.timing_rounds_budget_s on the host
-COMMIT_OUTPUT_BYTES = 4 << 20  # settings.commit_output_bytes for cuda, once it has passed the GPU check
+COMMIT_OUTPUT_BYTES = 4 << 20  # settings.commit_output_bytes on cuda (for_backend); the host sends every output
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +105,8 @@ class EvalSettings:
     inputs_from_seeds: bool = True
     # Outputs of this many bytes or more stay in the candidate child, which answers with their digest;
     # the bytes cross only for checked calls (isolation/commitment.py). None: every output is sent.
-    # Off until it has passed the GPU check (COMMIT_OUTPUT_BYTES is the value meant for cuda); on the host
-    # hashing costs about what the socket does.
+    # for_backend sets COMMIT_OUTPUT_BYTES on cuda (a 64 MiB call's round trip 14 ms instead of about
+    # 80, docs/figures.md); on the host hashing costs about what the socket does, so None there.
     commit_output_bytes: int | None = None
     # CUDA: compare the outputs on the GPU in the verdict process (False: on its CPU, seconds for large outputs)
     judge_on_device: bool = True
@@ -174,13 +174,15 @@ class EvalSettings:
 
     @classmethod
     def for_backend(cls, backend: str, **overrides) -> "EvalSettings":
-        """Defaults for a backend (`auto` resolved here); the host backend times fewer calls (2 warm-ups, 5
-        timed) and rewards a speed-up beyond HOST_MARGIN."""
+        """Defaults for a backend (`auto` resolved here): on cuda large outputs committed by digest; the host
+        backend times fewer calls (2 warm-ups, 5 timed) and rewards a speed-up beyond HOST_MARGIN."""
         if backend not in BACKEND_CHOICES:
             raise ValueError(f"unknown backend {backend!r} (expected one of {', '.join(BACKEND_CHOICES)})")
         if backend == AUTO_BACKEND:
             backend = resolve_backend(backend)
         base = {"backend": backend}
+        if backend == "cuda":
+            base.update(commit_output_bytes=COMMIT_OUTPUT_BYTES)
         if backend == "host":
             base.update(warmup=2, repeats=5, l2_flush_bytes=host_cache_flush_bytes(), margin=HOST_MARGIN,
                         timing_se_bound=PAPER_MARGIN / 2, timing_rounds_budget_s=HOST_TIMING_ROUNDS_S)

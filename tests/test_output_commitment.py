@@ -138,3 +138,13 @@ def test_cuda_examples_with_their_outputs_committed_keep_their_verdicts(name, st
     if status == "correct":
         assert record["checked_calls"]["timed"] == settings.timed_checks
         assert record["calls_split_us"]["digest"] > 0
+
+
+def test_outputs_are_committed_by_default_on_cuda_and_sent_on_the_host():
+    from evaluator_cuda.settings import COMMIT_OUTPUT_BYTES, EvalSettings
+
+    assert EvalSettings.for_backend("cuda").commit_output_bytes == COMMIT_OUTPUT_BYTES
+    assert EvalSettings.for_backend("host").commit_output_bytes is None
+    assert EvalSettings.for_backend("cuda", commit_output_bytes=None).commit_output_bytes is None
+    roundtrip = EvalSettings.from_dict(EvalSettings.for_backend("cuda", commit_output_bytes=None).to_dict())
+    assert roundtrip.commit_output_bytes is None  # an explicit None survives the settings' journey to a worker

@@ -5,7 +5,7 @@ evaluated once with the baselines measured (cold), then with them cached, altern
 `--rounds` times each: with `--vary judge` (the default) the outputs judged on the device in the verdict
 process (settings.judge_on_device, the default) and on its CPU; with `--vary commit` large outputs
 committed by digest and fetched only for checked calls (settings.commit_output_bytes at
-settings.COMMIT_OUTPUT_BYTES) and every output sent with its call (the default); with `--vary seeds`
+settings.COMMIT_OUTPUT_BYTES, the cuda default) and every output sent with its call; with `--vary seeds`
 each call's input set made in the candidate child from the call's seed (settings.inputs_from_seeds, the
 default) and every set's bytes sent; with `--vary seeds_commit` both made sets and committed outputs
 against both sent. Each cached evaluation
