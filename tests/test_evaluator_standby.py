@@ -197,3 +197,16 @@ def test_a_standby_slot_matches_whatever_the_free_memory_did_since(tmp_path):
     later = {**jail, "memory_bytes": 19 * 1024**3, "cgroup_memory_bytes": 19 * 1024**3}
     assert _slot_key(env, {**guard, "jail": jail}) == _slot_key(env, {**guard, "jail": later})
     assert _slot_key(env, {**guard, "jail": jail}) != _slot_key(env, {**guard, "jail": {**jail, "processes": 64}})
+
+
+def test_the_record_says_where_the_childrens_start_went(build_cache):
+    """Each child's marks, in seconds from its pair's start: after it, in order, and its first answer (the
+    load) before the evaluation read it."""
+    begin = time.monotonic()
+    record = evaluation.evaluate(AXPY_TASK, workspace("+"), host(build_cache))
+    assert record["status"] == "correct", record["message"]
+    elapsed = time.monotonic() - begin
+    for role in ("reference", "candidate"):
+        marks = record["children_start_s"][role]
+        assert list(marks) == ["serve", "warm", "request"], marks  # the host: no CUDA context, no kernel trace
+        assert 0 <= marks["serve"] <= marks["warm"] <= marks["request"] <= elapsed, marks

@@ -36,7 +36,7 @@ from ..verdict.record import finish, new_record
 from .before import built_extension, check_sources, extension_copy, read_only_copy, reject_findings
 from .calls import run_calls
 from .judging import expected_outputs, judge_device, judge_outputs
-from .loading import call_timeout, check_sets, load_children, prepare_candidate, timed_sets
+from .loading import call_timeout, check_sets, load_children, prepare_candidate, start_split, timed_sets
 from .rounds import more_rounds
 from .times import eager_now, record_times
 
@@ -184,6 +184,8 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         with _step(record, "load"):
             loaded, seeds = load_children(reference, candidate, task, solution, settings, extension, solution_dir,
                                           record, runtime)
+        record["children_start_s"] = start_split({"reference": loaded.get("start_marks"),
+                                                  "candidate": loaded.get("candidate_start_marks")}, slot.started_at)
         with _step(record, "check_sets"):
             checks = check_sets(reference, task, seeds, settings, record, loaded["candidate_makes_inputs"])
         with _step(record, "prepare"):

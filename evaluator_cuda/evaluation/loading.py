@@ -44,8 +44,22 @@ def load_children(reference: Child, candidate: Child, task: Task, solution: Solu
     record["versions"].update(torch=loaded.get("torch_version"), cuda=loaded.get("cuda_version"))
     # CUDA: whether the baseline calls demote persisting L2 lines as the candidate's do (persisting_l2_reset)
     record["baseline_persisting_l2_reset"] = loaded.get("persisting_l2_reset")
-    loaded["candidate_makes_inputs"] = bool(_candidate_loaded(candidate, solution, settings).get("makes_inputs"))
+    candidate_loaded = _candidate_loaded(candidate, solution, settings)
+    loaded["candidate_makes_inputs"] = bool(candidate_loaded.get("makes_inputs"))
+    loaded["candidate_start_marks"] = candidate_loaded.get("start_marks")
     return loaded, seeds
+
+
+def start_split(marks_by_role: dict, started_at: float) -> dict:
+    """Seconds from the slot's start to each mark a child reported with its first reply (roles/child.py:
+    serve, warm: torch and the CUDA context, trace, request: its first request answered), per role.
+    The candidate's are its own word: a diagnostic only."""
+    split = {}
+    for role, marks in marks_by_role.items():
+        if isinstance(marks, dict):
+            split[role] = {str(k): round(float(v) - started_at, 3) for k, v in marks.items()
+                           if isinstance(v, (int, float))}
+    return split
 
 
 def _host_pinning(settings: EvalSettings) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 import traceback
 
 from ..isolation import wire
@@ -38,6 +39,9 @@ def _handlers(role: str):
 
 
 def serve(role: str) -> None:
+    # When the child's start got where (CLOCK_MONOTONIC, the parent's clock too), sent with its first reply:
+    # where a pair's start goes (record["children_start_s"]); a diagnostic the verdict never reads.
+    marks = {"serve": time.monotonic()}
     limits = [int(v) for v in os.environ.pop(LIMITS_ENV, f"{CHILD_FILE_SIZE_BYTES},{CHILD_OPEN_FILES}").split(",")]
     limit_resources(*limits)
     sock = socket.socket(fileno=int(os.environ[CHANNEL_FD_ENV]))
@@ -48,8 +52,10 @@ def serve(role: str) -> None:
     trace = os.environ.pop(TRACE_ENV, "")
     if warm:  # started ahead of its evaluation: pay for torch and the CUDA context now, before any request
         warm_up(warm)
+        marks["warm"] = time.monotonic()
     if trace and role == "candidate" and warm == "cuda":  # before any candidate code loads
         start_trace()
+        marks["trace"] = time.monotonic()
     while True:
         try:
             request = wire.recv_message(sock)
@@ -73,6 +79,8 @@ def serve(role: str) -> None:
         except Exception as exc:  # a failure of harness code in the child
             reply = {"ok": False, "kind": "internal", "message": one_line(exc),
                      "detail": traceback.format_exc()[-8000:]}
+        if marks:
+            reply["start_marks"], marks = {**marks, "request": time.monotonic()}, None
         sys.stdout.flush()
         sys.stderr.flush()
         wire.send_message(sock, reply)

@@ -9,8 +9,10 @@ settings.COMMIT_OUTPUT_BYTES, the cuda default) and every output sent with its c
 each call's input set made in the candidate child from the call's seed (settings.inputs_from_seeds, the
 default) and every set's bytes sent; with `--vary seeds_commit` both made sets and committed outputs
 against both sent. Each cached evaluation
-keeps its total wall time, its verification split (record["verify_steps_s"]) and the split of its
-candidate calls (record["calls_split_us"]: the child's phases and the channel). Prints a table at the
+keeps its total wall time, its verification split (record["verify_steps_s"]), the split of its
+candidate calls (record["calls_split_us"]: the child's phases and the channel) and where its children's
+start went (record["children_start_s"]: seconds from the pair's start to each child's serve, warm, trace
+and first answer). Prints a table at the
 end; with $OUT set, writes $OUT/bench_evaluator_split.json. Exit status 0 when every evaluation was
 `correct`, 1 otherwise, 2 for an unknown example or a cuda run without a GPU.
 """
@@ -86,11 +88,15 @@ def _example(clock: Clock, task, backend: str, cache: str, variants: dict, round
             runs[label] = {"status": record["status"], "reward": record.get("reward"),
                            "total_s": (record.get("wall_s") or {}).get("total"), "wall_s": record.get("wall_s"),
                            "judged_on": record.get("judged_on"), "steps_s": record.get("verify_steps_s"),
-                           "calls_us": record.get("calls_split_us"), "message": record.get("message", "")[:200]}
+                           "calls_us": record.get("calls_split_us"), "message": record.get("message", "")[:200],
+                           "children_warm_s": record.get("children_warm_s"),
+                           "children_start_s": record.get("children_start_s")}
             clock.say(f"{task.stem} {label}: {record['status']}, reward {record.get('reward')}, "
                       f"{fmt(runs[label]['total_s'], 2)} s, judged on {record.get('judged_on')}")
             clock.say(f"  steps {runs[label]['steps_s']}")
             clock.say(f"  calls {runs[label]['calls_us']}")
+            clock.say(f"  children: taken {runs[label]['children_warm_s']} s after their start; "
+                      f"marks {runs[label]['children_start_s']}")
     return {"task": task.stem, "runs": runs}
 
 
