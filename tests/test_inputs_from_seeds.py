@@ -3,7 +3,9 @@ reference child's, no input bytes sent, a fresh set for every call, the sets sen
 get_inputs is not reproducible, and a candidate that meddles with the making found wrong."""
 
 import textwrap
+from pathlib import Path
 
+import pytest
 import torch
 
 from evaluator_cuda.evaluation import evaluate
@@ -89,3 +91,37 @@ def test_a_candidate_that_breaks_the_making_of_its_inputs_is_a_runtime_error(bui
     record = evaluate(AXPY_TASK, workspace("+", model_new=breaking), host(build_cache, static_checks=False))
     assert record["status"] == "runtime_error" and record["reward"] == -1, record["message"]
     assert "making the call's inputs from its seed raised TypeError" in record["message"]
+
+
+# --- on the GPU (scripts/gpu_check.sh runs these) ---------------------------------------------------------
+
+DEVICE_FAILING_TASK = Task(name="host_made_axpy", source=AXPY_TASK.source.replace(
+    "return [torch.randn(4096), torch.randn(4096)]",
+    "x = torch.randn(4096)\n    return [x, torch.from_numpy(x.numpy() * 0.5)]  # .numpy() fails on the device"))
+
+
+@pytest.mark.cuda
+def test_cuda_sets_made_on_the_device_give_the_honest_example_its_verdict():
+    """The 64 MiB layernorm example: every set made on the GPU in the candidate child from its seed, none sent."""
+    from evaluator_cuda.settings import EvalSettings
+    from evaluator_cuda.solutions import read_solution
+    from evaluator_cuda.tasks import load_tasks
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    solution = read_solution(examples / "solutions" / "cuda" / "layernorm")
+    task = {t.stem: t for t in load_tasks(examples / "tasks").tasks}[solution.stem]
+    record = evaluate(task, solution, EvalSettings.for_backend("cuda", profile=False))
+    assert record["status"] == "correct", record["message"]
+    assert record["inputs_by_seed"] and record["inputs_generated_on"] == "cuda"
+
+
+@pytest.mark.cuda
+def test_cuda_a_task_whose_sets_cannot_be_made_on_the_device_has_them_sent():
+    """get_inputs() fails under torch.device("cuda"): the reference child makes its sets on the host, and
+    sends them rather than have the candidate child make them elsewhere."""
+    from evaluator_cuda.settings import EvalSettings
+
+    record = evaluate(DEVICE_FAILING_TASK, reference_solution(DEVICE_FAILING_TASK.stem),
+                      EvalSettings.for_backend("cuda", profile=False))
+    assert record["status"] == "correct", record["message"]
+    assert record["inputs_generated_on"] == "cpu" and record["inputs_by_seed"] is False

@@ -82,6 +82,7 @@ class ReferenceRole:
         self.block_sizes: list[int] = []  # output sizes of the baseline calls timed one per request (poisoned next)
         self.timed_outputs: dict = {}  # seed -> reference output of a timed input set
         self.generate_on_device = True
+        self.sets_by_seed = False  # the candidate child makes its sets from seeds (granted in do_reference)
 
     def _task_call(self, what: str, fn):
         try:
@@ -135,6 +136,7 @@ class ReferenceRole:
         import torch
 
         input_sets, outputs = [], []
+        on_device_before = self.generate_on_device
         try:
             for seed in req["seeds"]:
                 inputs = self._inputs_from_seed(seed)
@@ -152,8 +154,10 @@ class ReferenceRole:
                 with torch.no_grad():
                     rerun = self._task_call("the reference forward", lambda: self.model(*first))
                 _sync(self.device)
-            by_seed = bool(req.get("by_seed")) and bool(req["seeds"]) and self._remade_alike(req["seeds"][0],
-                                                                                           input_sets[0])
+            # Made from seeds only when every set was made in one place (none fell back to the host midway)
+            by_seed = (bool(req.get("by_seed")) and bool(req["seeds"]) and self.generate_on_device == on_device_before
+                       and self._remade_alike(req["seeds"][0], input_sets[0]))
+            self.sets_by_seed = by_seed
         except TaskError as exc:
             raise HandlerError("task", str(exc)) from None
         generated_on = "cuda" if self.device == "cuda" and self.generate_on_device else "cpu"
@@ -184,7 +188,10 @@ class ReferenceRole:
         if self.device == "cuda" and self.generate_on_device:
             try:
                 return inputs_from_seed(self.task_name, get_inputs, seed, on_device=True)
-            except Exception:
+            except Exception as exc:
+                if self.sets_by_seed:  # the candidate child makes its sets on the device: this one must be too
+                    raise TaskError(self.task_name, f"get_inputs() on the device raised {one_line(exc)} for one "
+                                                    "seed after it had made the check sets there") from None
                 self.generate_on_device = False
         return self._task_call("get_inputs()", lambda: inputs_from_seed(self.task_name, get_inputs, seed, False))
 
