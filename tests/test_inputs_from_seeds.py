@@ -125,3 +125,4 @@ def test_cuda_a_task_whose_sets_cannot_be_made_on_the_device_has_them_sent():
                       EvalSettings.for_backend("cuda", profile=False))
     assert record["status"] == "correct", record["message"]
     assert record["inputs_generated_on"] == "cpu" and record["inputs_by_seed"] is False
+    assert "failed on the device" in record["inputs_sent_because"]

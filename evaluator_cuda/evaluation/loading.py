@@ -111,7 +111,7 @@ def check_sets(reference: Child, task: Task, seeds: list[int], settings: EvalSet
         raise reference_failure(sets)
     record["inputs_by_seed"] = bool(sets.get("by_seed"))
     if asked and not sets.get("by_seed"):
-        record["inputs_sent_because"] = "the task's get_inputs() did not make the same set twice from one seed"
+        record["inputs_sent_because"] = str(sets.get("by_seed_refused") or "the reference child made them")
     # An upper bound on one reference call (input generation included): the candidate's call limit
     record["reference_call_s"] = round((time.perf_counter() - begin) / (len(seeds) + 1), 6)
     record["call_timeout_s"] = round(call_timeout(record["reference_call_s"], settings), 3)

@@ -154,15 +154,18 @@ class ReferenceRole:
                 with torch.no_grad():
                     rerun = self._task_call("the reference forward", lambda: self.model(*first))
                 _sync(self.device)
-            # Made from seeds only when every set was made in one place (none fell back to the host midway)
-            by_seed = (bool(req.get("by_seed")) and bool(req["seeds"]) and self.generate_on_device == on_device_before
-                       and self._remade_alike(req["seeds"][0], input_sets[0]))
-            self.sets_by_seed = by_seed
+            refused = None
+            if req.get("by_seed") and req["seeds"]:  # every set made in one place, and made again alike
+                if self.generate_on_device != on_device_before:
+                    refused = "get_inputs() failed on the device while the check sets were made"
+                elif not self._remade_alike(req["seeds"][0], input_sets[0]):
+                    refused = "the task's get_inputs() did not make the same set twice from one seed"
+            by_seed = self.sets_by_seed = bool(req.get("by_seed")) and bool(req["seeds"]) and refused is None
         except TaskError as exc:
             raise HandlerError("task", str(exc)) from None
         generated_on = "cuda" if self.device == "cuda" and self.generate_on_device else "cpu"
         answer = {"outputs": outputs, "random": rerun is not None and _disagree(outputs[0], rerun),
-                  "generated_on": generated_on, "by_seed": by_seed,
+                  "generated_on": generated_on, "by_seed": by_seed, "by_seed_refused": refused,
                   "input_bytes": _nbytes(input_sets[0]) if input_sets else 0}
         if not by_seed:
             answer["inputs"] = input_sets
