@@ -171,16 +171,3 @@ def timed_sets(reference: Child, sets: dict, settings: EvalSettings, record: dic
             raise reference_failure(got)
         inputs = got["inputs"]
     return TimedSets(seeds, inputs, calls, set_bytes, by_seed, sets.get("generated_on"))
-
-
-def nbytes(value) -> int:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)):
-        return sum(nbytes(v) for v in value)
-    if isinstance(value, dict):
-        return sum(nbytes(v) for v in value.values())
-    return 0
-

@@ -6,6 +6,7 @@ import time
 
 from ..isolation.sandbox import Child
 from ..progress import say
+from ..roles.inputs import nbytes
 from ..settings import EvalSettings
 from ..tasks import Task
 from ..timing.baselines import BaselineCache, baseline_key
@@ -16,7 +17,7 @@ from ..verdict.bounds import speed_of_light
 from ..verdict.fault import Verdict, reference_failure, reply
 from .calls import Calls
 from .judging import Expected
-from .loading import TimedSets, nbytes
+from .loading import TimedSets
 
 
 def record_times(reference: Child, task: Task, calls: Calls, timed: TimedSets, expected: Expected,

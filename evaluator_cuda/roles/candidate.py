@@ -110,6 +110,7 @@ class CandidateRole:
         self.timing_state: tuple = ()  # host: torch's threads and this thread's CPUs, set at load
         self.commit_from: int | None = None  # outputs of this many bytes or more answer with their digest
         self.kept_output = None  # the last call's output, while only its digest has been sent
+        self.task_name = "the task"
         self.get_inputs = None  # the task's get_inputs, from a run of its source before any candidate code
         take_refusals()  # a role starts with no refusal on record (one role per process in a child)
 
@@ -127,7 +128,7 @@ class CandidateRole:
             self.timing_state = host_pin.pin(req["host_threads"], req.get("host_cpu"))
         if self.device == "cuda":
             _profile.bind_cuda_timing()  # before any candidate code can rebind torch.cuda's timing functions
-        self.get_inputs = _task_get_inputs(req)
+        self.task_name, self.get_inputs = req.get("task_name") or "the task", _task_get_inputs(req)
 
         self.require_extension = req["format"] != "reference" and self.block_torch
         if req["format"] == "kernelbench":  # it builds its own extension (torch.utils.cpp_extension is slow to import)
@@ -320,7 +321,7 @@ class CandidateRole:
         if self.get_inputs is None:
             raise HandlerError("internal", "a call by seed, but the task's get_inputs was not loaded")
         try:
-            return inputs_from_seed("the task", self.get_inputs, int(req["seed"]), req.get("generated_on") == "cuda")
+            return inputs_from_seed(self.task_name, self.get_inputs, int(req["seed"]), req.get("generated_on") == "cuda")
         except Exception as exc:
             self._check_guard(exc)
             raise HandlerError("runtime", f"making the call's inputs from its seed raised {one_line(exc)}",

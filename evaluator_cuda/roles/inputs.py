@@ -65,3 +65,16 @@ def _bits(t):
     if width is None or t.dtype == torch.bool:
         return t
     return t.view(width)
+
+
+def nbytes(value) -> int:
+    """Bytes of the tensors in a nested value (lists, tuples, dicts)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(nbytes(v) for v in value.values())
+    return 0

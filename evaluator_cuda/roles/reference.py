@@ -11,7 +11,7 @@ import time
 
 from ..tasks import TaskError, exec_task
 from .errors import HandlerError, one_line
-from .inputs import checked_inputs, inputs_from_seed, same_inputs
+from .inputs import checked_inputs, inputs_from_seed, nbytes, same_inputs
 
 
 def _sync(device: str) -> None:
@@ -43,12 +43,6 @@ def device_name(device: str) -> str:
     import platform
 
     return "cpu: " + (platform.processor() or platform.machine())
-
-
-def _nbytes(values) -> int:
-    import torch
-
-    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
 def _disagree(first, again) -> bool:
@@ -166,7 +160,7 @@ class ReferenceRole:
         generated_on = "cuda" if self.device == "cuda" and self.generate_on_device else "cpu"
         answer = {"outputs": outputs, "random": rerun is not None and _disagree(outputs[0], rerun),
                   "generated_on": generated_on, "by_seed": by_seed, "by_seed_refused": refused,
-                  "input_bytes": _nbytes(input_sets[0]) if input_sets else 0}
+                  "input_bytes": nbytes(input_sets[0]) if input_sets else 0}
         if not by_seed:
             answer["inputs"] = input_sets
         return answer
