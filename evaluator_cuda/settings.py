@@ -62,6 +62,7 @@ def host_cache_flush_bytes(cpu_cache_root: str = "/sys/devices/system/cpu/cpu0/c
     return min(256 << 20, max(8 << 20, 2 * max(sizes)))
 
 
+NEXT_CHILDREN_STARTS = ("after_timing", "at_start", "overlapping")  # settings.next_children_start
 HOST_TIMING_ROUNDS_S = 2.0  # settings.timing_rounds_budget_s on the host
 COMMIT_OUTPUT_BYTES = 4 << 20  # settings.commit_output_bytes on cuda (for_backend); the host sends every output
 
@@ -162,6 +163,17 @@ class EvalSettings:
     jail_tmp_bytes: int = 1024**3  # the jail's private /tmp (tmpfs: memory, used only as filled)
     # evaluator_cuda.extension.fast first (slim headers, ~1 s); the torch build when it cannot decide
     fast_build: bool = True
+    # When a long-lived caller keeps children warm (evaluation.keep_children_warm), when the next
+    # evaluation's pair starts: "after_timing" once this one's timed calls are over; "at_start" as soon as
+    # this one has taken its own pair, its timed work (eager bracket, calls, rounds) waiting until the new
+    # pair is warm, so that no child starts while anything is timed; "overlapping" as "at_start" without the
+    # wait (kept to measure what a starting pair does to the times).
+    next_children_start: str = "after_timing"
+
+    def __post_init__(self):
+        if self.next_children_start not in NEXT_CHILDREN_STARTS:
+            raise ValueError(f"next_children_start must be one of {', '.join(NEXT_CHILDREN_STARTS)}, "
+                             f"not {self.next_children_start!r}")
 
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else cache_root()

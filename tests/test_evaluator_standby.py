@@ -208,5 +208,86 @@ def test_the_record_says_where_the_childrens_start_went(build_cache):
     elapsed = time.monotonic() - begin
     for role in ("reference", "candidate"):
         marks = record["children_start_s"][role]
-        assert list(marks) == ["serve", "warm", "request"], marks  # the host: no CUDA context, no kernel trace
-        assert 0 <= marks["serve"] <= marks["warm"] <= marks["request"] <= elapsed, marks
+        assert list(marks) == ["serve", "warm", "ready"], marks  # the host: no CUDA context, no kernel trace
+        assert 0 <= marks["serve"] <= marks["warm"] <= marks["ready"] <= elapsed, marks
+
+
+def test_a_slot_says_when_its_start_is_done_and_a_dead_child_is_reported(tmp_path):
+    """wait_ready answers once both children have warmed, with each one's marks (idempotent); a child
+    that died before its answer is a ChildFailed, and the standby holding it is dropped."""
+    from evaluator_cuda.isolation.sandbox import ChildFailed, EvaluationSlot
+
+    env, guard = _env_guard(tmp_path)
+    slot = EvaluationSlot(env, guard, "cpu")
+    try:
+        marks = slot.wait_ready(120)
+        assert set(marks) == {"reference", "candidate"}
+        assert all(slot.started_at <= m["serve"] <= m["warm"] <= m["ready"] <= time.monotonic() for m in marks.values())
+        assert slot.wait_ready(0.1) is marks
+    finally:
+        slot.close()
+    slots = StandbySlots()
+    try:
+        slots.refill(env, guard, "cpu")
+        standby = slots._standby
+        os.killpg(standby.reference.proc.pid, signal.SIGKILL)
+        standby.reference.proc.wait(timeout=10)
+        try:
+            standby.wait_ready(60)
+            raise AssertionError("a dead child answered ready")
+        except ChildFailed as exc:
+            assert exc.kind == "died"
+        assert slots.wait_ready(60) is not None and slots._standby is None and not standby.workdir.exists()
+        assert slots.wait_ready(60) is None  # no standby: nothing to wait for
+    finally:
+        slots.close()
+
+
+def _standby_when_the_calls_began(monkeypatch, build_cache, start: str) -> tuple[dict, dict]:
+    """Two warm evaluations with next_children_start=`start`; for the second, what the standby looked
+    like when its calls began (none, warming or warm)."""
+    seen = {}
+    real_run_calls = evaluation.run_calls
+
+    def spying_run_calls(*args, **kwargs):
+        standby = evaluation._STANDBY._standby
+        seen["standby"] = None if standby is None else ("warm" if standby.start_marks is not None else "warming")
+        return real_run_calls(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "run_calls", spying_run_calls)
+    settings = host(build_cache, profile=True, next_children_start=start)
+    with evaluation.children_kept_warm():
+        evaluation.evaluate(AXPY_TASK, workspace(), settings)
+        record = evaluation.evaluate(AXPY_TASK, workspace(), settings)
+    assert record["status"] == "correct", record["message"]
+    return record, seen
+
+
+def test_the_next_pair_starts_after_the_timed_calls_by_default(monkeypatch, build_cache):
+    record, seen = _standby_when_the_calls_began(monkeypatch, build_cache, "after_timing")
+    assert seen["standby"] is None  # nothing started while this evaluation's calls ran
+    steps = record["verify_steps_s"]
+    assert record["next_children_started_s"] >= steps["calls"] + steps["load"]
+    assert "next_children_wait_s" not in record
+
+
+def test_at_start_the_next_pair_warms_during_the_load_and_is_warm_before_any_timed_call(monkeypatch, build_cache):
+    record, seen = _standby_when_the_calls_began(monkeypatch, build_cache, "at_start")
+    assert seen["standby"] == "warm"  # started earlier and waited for: warm when the calls began
+    assert record["next_children_started_s"] < record["verify_steps_s"]["load"] + record["verify_steps_s"]["calls"]
+    assert record["next_children_wait_s"] is not None and record["next_children_wait_s"] >= 0
+
+
+def test_overlapping_starts_the_next_pair_at_once_and_does_not_wait(monkeypatch, build_cache):
+    record, seen = _standby_when_the_calls_began(monkeypatch, build_cache, "overlapping")
+    assert seen["standby"] in ("warm", "warming")
+    assert "next_children_wait_s" not in record
+    assert record["next_children_started_s"] < record["verify_steps_s"]["load"] + record["verify_steps_s"]["calls"]
+
+
+def test_an_unknown_next_children_start_is_refused():
+    try:
+        EvalSettings.for_backend("host", next_children_start="whenever")
+        raise AssertionError("accepted")
+    except ValueError as exc:
+        assert "next_children_start must be one of after_timing, at_start, overlapping" in str(exc)

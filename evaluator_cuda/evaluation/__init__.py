@@ -25,7 +25,7 @@ from ..extension.diagnostics import shown_to_agent
 from ..extension.torch_build import build_env
 from ..gpu_work import attribute_kernels, trace_env, withhold_unbelievable_times
 from ..isolation import forkserver
-from ..isolation.sandbox import EvaluationSlot, StandbySlots, child_guard
+from ..isolation.sandbox import ChildFailed, EvaluationSlot, StandbySlots, child_guard
 from ..progress import say
 from ..roles.errors import one_line
 from ..settings import EvalSettings
@@ -92,7 +92,9 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
         say("starting the sandboxed children")
         slot = _STANDBY.take({**build_env(settings), **trace_env(settings, solution.format)}, child_guard(settings),
                              settings.device_type())
-        record["children_warm_s"] = round(time.monotonic() - slot.started_at, 4)
+        record["children_warm_s"] = round(slot.taken_at - slot.started_at, 4)
+        if settings.next_children_start != "after_timing":  # the next pair warms while this one builds and loads
+            _start_next_children(slot, record)
         _evaluate(task, solution, settings, artifact, record, slot)
     except Verdict as verdict:
         if verdict.status == "runtime_error" and any(m in verdict.message for m in CUDA_ERROR_MARKERS):
@@ -132,6 +134,32 @@ def _release(slot: EvaluationSlot) -> None:
         slot.close()
     if _keep_warm:
         _STANDBY.refill(slot.env, slot.guard, slot.device_type)
+
+
+def _start_next_children(slot: EvaluationSlot, record: dict) -> None:
+    """When kept warm, the next evaluation's pair starts now (unless one is warming already); the
+    record says when, in seconds after this evaluation took its own pair."""
+    if _keep_warm and "next_children_started_s" not in record:
+        _STANDBY.refill(slot.env, slot.guard, slot.device_type)
+        record["next_children_started_s"] = round(time.monotonic() - slot.taken_at, 4)
+
+
+def _quiet_before_timing(settings: EvalSettings, record: dict) -> None:
+    """With the next pair started at this evaluation's start, its timed work waits until that pair's
+    start is done: no child starts (a CUDA context made, a trace begun) while anything is timed."""
+    if _keep_warm and settings.next_children_start == "at_start":
+        record["next_children_wait_s"] = _STANDBY.wait_ready(settings.import_timeout_s)
+
+
+def _children_started(slot: EvaluationSlot, settings: EvalSettings, record: dict) -> None:
+    """Wait until this evaluation's own pair is started; where their start went goes in the record.
+    A pair that cannot start (a child died or hung before any request of this evaluation) is the
+    machine's fault."""
+    try:
+        marks = slot.wait_ready(settings.import_timeout_s)
+    except ChildFailed as exc:
+        raise Verdict("infra_error", f"the sandboxed children did not start: {exc}") from None
+    record["children_start_s"] = start_split(marks, slot.started_at)
 
 
 def check_task_degenerate(task: Task, settings: EvalSettings | None = None) -> str | None:
@@ -182,16 +210,16 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
     with _children(slot) as (reference, candidate):
         say("loading the reference and the candidate")
         with _step(record, "load"):
+            _children_started(slot, settings, record)
             loaded, seeds = load_children(reference, candidate, task, solution, settings, extension, solution_dir,
                                           record, runtime)
-        record["children_start_s"] = start_split({"reference": loaded.get("start_marks"),
-                                                  "candidate": loaded.get("candidate_start_marks")}, slot.started_at)
         with _step(record, "check_sets"):
             checks = check_sets(reference, task, seeds, settings, record, loaded["candidate_makes_inputs"])
         with _step(record, "prepare"):
             prepare_candidate(candidate, loaded, settings)
         with _step(record, "timed_sets"):
             timed = timed_sets(reference, checks, settings, record)
+        _quiet_before_timing(settings, record)
         eager_before = None
         if settings.profile:  # bracketed with the eager time after the calls: a load that changed shows
             with _step(record, "eager_before"):
@@ -206,8 +234,7 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         if settings.timing_rounds_budget_s > 0 and timed.calls and not caller.requests.keep_sets:  # judged first:
             with _step(record, "more_rounds"):  # no rounds for a candidate that is already wrong
                 more_rounds(caller, reference, timed, len(expected.timed), settings, record)
-        if _keep_warm:  # the timed calls are over: the next evaluation's children may start now
-            _STANDBY.refill(slot.env, slot.guard, slot.device_type)
+        _start_next_children(slot, record)  # the timed calls are over (when not started already)
         with _step(record, "attribution"):
             trace = attribute_kernels(candidate, solution, extension, settings, record)
         record["wall_s"]["verify"] = round(time.perf_counter() - begin, 4)

@@ -46,14 +46,13 @@ def load_children(reference: Child, candidate: Child, task: Task, solution: Solu
     record["baseline_persisting_l2_reset"] = loaded.get("persisting_l2_reset")
     candidate_loaded = _candidate_loaded(candidate, solution, settings)
     loaded["candidate_makes_inputs"] = bool(candidate_loaded.get("makes_inputs"))
-    loaded["candidate_start_marks"] = candidate_loaded.get("start_marks")
     return loaded, seeds
 
 
 def start_split(marks_by_role: dict, started_at: float) -> dict:
-    """Seconds from the slot's start to each mark a child reported with its first reply (roles/child.py:
-    serve, warm: torch and the CUDA context, trace, request: its first request answered), per role.
-    The candidate's are its own word: a diagnostic only."""
+    """Seconds from the slot's start to each mark a child reported when its start was done (roles/child.py:
+    serve, warm: torch and the CUDA context, trace: the kernel trace begun, ready: its answer), per role.
+    Reported by harness code before any candidate code loads; a diagnostic the verdict never reads."""
     split = {}
     for role, marks in marks_by_role.items():
         if isinstance(marks, dict):

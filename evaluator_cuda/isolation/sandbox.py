@@ -618,6 +618,21 @@ class EvaluationSlot:
         except BaseException:
             self.reference.close()
             raise
+        for child in (self.reference, self.candidate):  # answered once the child's start is done
+            child.submit({"cmd": "ready"})
+        self.start_marks: dict | None = None  # role -> marks, once both answered
+        self._ready_lock = threading.Lock()
+        self.taken_at: float | None = None  # when StandbySlots.take handed it to an evaluation
+
+    def wait_ready(self, timeout: float) -> dict:
+        """Wait until both children's start is done (torch imported, CUDA context made, kernel trace
+        started); their start marks by role. ChildFailed when one died or hung (then killed)."""
+        with self._ready_lock:
+            if self.start_marks is None:
+                deadline = time.monotonic() + timeout
+                self.start_marks = {child.role: child.result(max(0.1, deadline - time.monotonic())).get("start_marks")
+                                    for child in (self.reference, self.candidate)}
+            return self.start_marks
 
     def alive(self) -> bool:
         return self.reference.proc.poll() is None and self.candidate.proc.poll() is None
@@ -656,11 +671,13 @@ class StandbySlots:
             slot, self._standby = self._standby, None
         if slot is not None and slot.key == key and slot.alive():
             self.hits += 1
-            return slot
-        if slot is not None:
-            slot.close()
-        self.misses += 1
-        return EvaluationSlot(env, guard, device_type)
+        else:
+            if slot is not None:
+                slot.close()
+            self.misses += 1
+            slot = EvaluationSlot(env, guard, device_type)
+        slot.taken_at = time.monotonic()
+        return slot
 
     def refill(self, env: dict[str, str], guard: dict, device_type: str) -> None:
         """Start the standby slot for the next evaluation unless a matching one is warming."""
@@ -676,6 +693,23 @@ class StandbySlots:
             old, self._standby = self._standby, slot
         if old is not None:
             old.close()
+
+    def wait_ready(self, timeout: float) -> float | None:
+        """Wait until the standby slot's start is done; the seconds waited (None without a standby). A
+        standby that fails to start is closed (the next take starts a fresh one)."""
+        with self._lock:
+            slot = self._standby
+        if slot is None:
+            return None
+        begin = time.monotonic()
+        try:
+            slot.wait_ready(timeout)
+        except ChildFailed:
+            with self._lock:
+                if self._standby is slot:
+                    self._standby = None
+            slot.close()
+        return round(time.monotonic() - begin, 4)
 
     def give_back(self, slot: EvaluationSlot) -> None:
         """Keep an unused slot as the standby (an evaluation that ended before its children ran)."""

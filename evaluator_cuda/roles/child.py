@@ -39,8 +39,9 @@ def _handlers(role: str):
 
 
 def serve(role: str) -> None:
-    # When the child's start got where (CLOCK_MONOTONIC, the parent's clock too), sent with its first reply:
-    # where a pair's start goes (record["children_start_s"]); a diagnostic the verdict never reads.
+    # When the child's start got where (CLOCK_MONOTONIC, the parent's clock too), sent with its first reply
+    # (in an evaluation slot, to `ready`, sandbox.EvaluationSlot): where a pair's start goes
+    # (record["children_start_s"]); a diagnostic the verdict never reads.
     marks = {"serve": time.monotonic()}
     limits = [int(v) for v in os.environ.pop(LIMITS_ENV, f"{CHILD_FILE_SIZE_BYTES},{CHILD_OPEN_FILES}").split(",")]
     limit_resources(*limits)
@@ -56,18 +57,27 @@ def serve(role: str) -> None:
     if trace and role == "candidate" and warm == "cuda":  # before any candidate code loads
         start_trace()
         marks["trace"] = time.monotonic()
+    try:
+        _serve_requests(role, handler, sock, marks)
+    except wire.ChannelClosed:
+        # The parent kills its children before it closes their channels, so a closed channel
+        # means the parent died (a hung worker killed, say): leave no working folder behind.
+        if slot_dir:
+            remove_slot_dir(slot_dir)
+
+
+def _serve_requests(role: str, handler, sock: socket.socket, marks: dict | None) -> None:
+    """One reply per request until `exit`; wire.ChannelClosed when the parent is gone."""
     while True:
-        try:
-            request = wire.recv_message(sock)
-        except wire.ChannelClosed:
-            # The parent kills its children before it closes their channels, so a closed channel
-            # means the parent died (a hung worker killed, say): leave no working folder behind.
-            if slot_dir:
-                remove_slot_dir(slot_dir)
-            return
+        request = wire.recv_message(sock)
         cmd = request.get("cmd") if isinstance(request, dict) else None
         if cmd == "exit":
             return
+        if cmd == "ready":  # the parent asks when the start is done: the reply carries the marks
+            done = {**marks, "ready": time.monotonic()} if marks else None
+            wire.send_message(sock, {"ok": True, "start_marks": done})
+            marks = None
+            continue
         method = getattr(handler, f"do_{cmd}", None) if isinstance(cmd, str) else None
         try:
             if method is None:

@@ -8,7 +8,10 @@ committed by digest and fetched only for checked calls (settings.commit_output_b
 settings.COMMIT_OUTPUT_BYTES, the cuda default) and every output sent with its call; with `--vary seeds`
 each call's input set made in the candidate child from the call's seed (settings.inputs_from_seeds, the
 default) and every set's bytes sent; with `--vary seeds_commit` both made sets and committed outputs
-against both sent. Each cached evaluation
+against both sent; with `--vary standby` the next evaluation's children started when this one takes its
+own (settings.next_children_start "at_start", its timed work waiting until they are warm) and after its
+timed calls (the default), and with `--vary overlap` "overlapping" (no wait) against "at_start": these two
+run each variant's rounds back to back (what one evaluation starts, the next one takes). Each cached evaluation
 keeps its total wall time, its verification split (record["verify_steps_s"]), the split of its
 candidate calls (record["calls_split_us"]: the child's phases and the channel) and where its children's
 start went (record["children_start_s"]: seconds from the pair's start to each child's serve, warm, trace
@@ -33,7 +36,11 @@ VARIANTS = {  # --vary: label -> settings overrides, the default first
     "seeds": {"made": {"inputs_from_seeds": True}, "sent": {"inputs_from_seeds": False}},
     "seeds_commit": {"made_committed": {"inputs_from_seeds": True, "commit_output_bytes": COMMIT_OUTPUT_BYTES},
                      "sent": {"inputs_from_seeds": False, "commit_output_bytes": None}},
+    "standby": {"at_start": {"next_children_start": "at_start"}, "after_timing": {"next_children_start": "after_timing"}},
+    "overlap": {"overlapping": {"next_children_start": "overlapping"}, "at_start": {"next_children_start": "at_start"}},
 }
+# Variants that change what the next evaluation finds: each runs its rounds back to back, not alternated
+IN_BLOCKS = ("standby", "overlap")
 
 
 def add_arguments(parser) -> None:
@@ -65,22 +72,24 @@ def main(args) -> int:
         if clock.remaining() <= 0:
             clock.say(f"budget spent: {stem} skipped")
             continue
-        rows.append(_example(clock, tasks[stem], args.backend, cache, VARIANTS[args.vary], args.rounds))
+        rows.append(_example(clock, tasks[stem], args.backend, cache, VARIANTS[args.vary], args.rounds,
+                             args.vary in IN_BLOCKS))
     _print_table(rows, list(VARIANTS[args.vary]))
     write_out("bench_evaluator_split.json", {"rows": rows, "backend": args.backend, "vary": args.vary})
     ok = all(run["status"] == "correct" for row in rows for run in row["runs"].values())
     return 0 if ok and rows else 1
 
 
-def _example(clock: Clock, task, backend: str, cache: str, variants: dict, rounds: int) -> dict:
-    """The honest solution: cold, then cached, the variants alternated."""
+def _example(clock: Clock, task, backend: str, cache: str, variants: dict, rounds: int, in_blocks: bool) -> dict:
+    """The honest solution: cold, then cached, the variants alternated (or each in a block of rounds)."""
     from evaluator_cuda.evaluation import children_kept_warm, evaluate
     from evaluator_cuda.settings import EvalSettings
     from evaluator_cuda.solutions import read_solution
 
     solution = read_solution(SOLUTIONS / backend / task.stem)
-    plan = [("cold", {})] + [(f"cached_{k}" + (f"_{r}" if r else ""), v) for r in range(rounds)
-                             for k, v in variants.items()]
+    order = ([(r, k) for k in variants for r in range(rounds)] if in_blocks
+             else [(r, k) for r in range(rounds) for k in variants])
+    plan = [("cold", {})] + [(f"cached_{k}" + (f"_{r}" if r else ""), variants[k]) for r, k in order]
     runs = {}
     with children_kept_warm():
         for label, overrides in plan:
@@ -90,13 +99,17 @@ def _example(clock: Clock, task, backend: str, cache: str, variants: dict, round
                            "judged_on": record.get("judged_on"), "steps_s": record.get("verify_steps_s"),
                            "calls_us": record.get("calls_split_us"), "message": record.get("message", "")[:200],
                            "children_warm_s": record.get("children_warm_s"),
-                           "children_start_s": record.get("children_start_s")}
+                           "children_start_s": record.get("children_start_s"),
+                           "speedup_eager": (record.get("speedup") or {}).get("eager"),
+                           "next_children": {k: record.get(k) for k in ("next_children_started_s",
+                                                                        "next_children_wait_s")}}
             clock.say(f"{task.stem} {label}: {record['status']}, reward {record.get('reward')}, "
                       f"{fmt(runs[label]['total_s'], 2)} s, judged on {record.get('judged_on')}")
             clock.say(f"  steps {runs[label]['steps_s']}")
             clock.say(f"  calls {runs[label]['calls_us']}")
             clock.say(f"  children: taken {runs[label]['children_warm_s']} s after their start; "
-                      f"marks {runs[label]['children_start_s']}")
+                      f"marks {runs[label]['children_start_s']}; next pair {runs[label]['next_children']}; "
+                      f"eager/ours {fmt(runs[label]['speedup_eager'], 3)}")
     return {"task": task.stem, "runs": runs}
 
 
