@@ -282,7 +282,7 @@ def test_10_no_input_set_reaches_the_candidate_before_its_call(build_cache, monk
                                                    inputs_from_seeds=False))
     assert record["status"] == "correct", record["message"]
     calls = [m for m in sent if m["cmd"] == "call"]
-    assert [m["cmd"] for m in sent if m["cmd"] != "call"] == ["load", "prepare"] and len(calls) == record["checked_calls"]["calls"]
+    assert [m["cmd"] for m in sent if m["cmd"] != "call"] == ["ready", "load", "prepare"] and len(calls) == record["checked_calls"]["calls"]
     assert all(("inputs" in m) != ("set" in m) for m in calls)
     first_uses = [m for m in calls if "inputs" in m]
     if record["fresh_inputs_per_call"]:
