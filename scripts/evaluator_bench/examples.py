@@ -8,7 +8,8 @@ For every example under examples/solutions/cuda (honest and __wrong):
      verdict, reward, verify and profile wall times, candidate/eager/compile median µs;
   3. for the honest ones, the same three times taken by triton.testing.do_bench (median,
      L2 flushed by do_bench) in a separate process (the timing child), side by side with ours.
-With --with-pytest, then `pytest -m cuda tests/test_evaluator_*.py` (when pytest is installed).
+With --warm-first the parts every fast build shares are built before the timed cold builds (the cold
+build of a workspace on a machine that has them); --builds-only stops after step 1. With --with-pytest, then `pytest -m cuda tests/test_evaluator_*.py` (when pytest is installed).
 Prints a table at the end; with $OUT set, writes $OUT/bench_evaluator_examples[_fast].json.
 Exit status 0 when every honest example is correct and every __wrong one incorrect (reward -1); 2 without a GPU.
 """
@@ -35,6 +36,9 @@ def add_arguments(parser) -> None:
                         help="also run pytest -m cuda on tests/test_evaluator_*.py")
     parser.add_argument("--fast-build", action="store_true",
                         help="build through evaluator_cuda.extension.fast first (settings.fast_build)")
+    parser.add_argument("--warm-first", action="store_true",
+                        help="build what every fast build shares (binding runtime, headers) before the cold builds")
+    parser.add_argument("--builds-only", action="store_true", help="stop after the builds (no evaluations)")
     parser.add_argument("--budget-s", type=float, default=420.0,
                         help="skip remaining do_bench runs past this many seconds")
 
@@ -55,18 +59,27 @@ def main(args) -> int:
                   if p.is_dir() and (args.only is None or p.name.split("__")[0] in args.only))
     solutions = {p.name: read_solution(p) for p in dirs}
     rows = {name: {"example": name, "task": s.stem} for name, s in solutions.items()}
+    warm_s = None
+    if args.warm_first:
+        from evaluator_cuda.extension.fast.builder import warm_up
+
+        clock.say("building what every fast build shares (binding runtime, precompiled headers)")
+        warm_s, warmed = timed(lambda: warm_up("cuda", cache))
+        clock.say(f"shared parts built in {warm_s:.1f} s ({warmed.status})")
     clock.say(f"cold builds of {len(solutions)} workspaces in parallel ({torch.cuda.get_device_name()})")
     so_paths = build_all(solutions, settings, rows)
-    clock.say("builds done")
-    evaluate_all(clock, solutions, settings, rows, so_paths)
+    clock.say("builds done: " + ", ".join(f"{name} {row.get('compile_cold_s')} s" for name, row in rows.items()))
+    if not args.builds_only:
+        evaluate_all(clock, solutions, settings, rows, so_paths)
     pytest_result = run_pytest(cache) if args.with_pytest else None
-    ok = all(expected_verdict(name, row) for name, row in rows.items())
+    ok = all(expected_verdict(name, row) if not args.builds_only else row.get("build_status") == "built"
+             for name, row in rows.items())
     print_table(rows, pytest_result)
     total = clock.elapsed()
     print(f"\nall verdicts as expected: {ok}; total {total:.0f} s")
     write_out(f"bench_evaluator_examples{'_fast' if args.fast_build else ''}.json",
               {"fast_build": args.fast_build, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "rows": rows, "pytest": pytest_result, "total_s": total, "ok": ok})
+               "rows": rows, "pytest": pytest_result, "total_s": total, "ok": ok, "shared_parts_s": warm_s})
     return 0 if ok else 1
 
 
