@@ -113,21 +113,28 @@ def _example(clock: Clock, task, backend: str, cache: str, variants: dict, round
     return {"task": task.stem, "runs": runs}
 
 
+def _median_of(runs: dict, variant: str, field: str):
+    """The median of one field over a variant's cached evaluations (None when none has it)."""
+    values = [r[field] for label, r in runs.items()
+              if (label == f"cached_{variant}" or label.startswith(f"cached_{variant}_")) and r.get(field)]
+    return statistics.median(values) if values else None
+
+
 def _median_total(runs: dict, variant: str):
-    totals = [r["total_s"] for label, r in runs.items()
-              if (label == f"cached_{variant}" or label.startswith(f"cached_{variant}_")) and r.get("total_s")]
-    return statistics.median(totals) if totals else None
+    return _median_of(runs, variant, "total_s")
 
 
 def _print_table(rows: list[dict], variants: list[str]) -> None:
     first, second = variants
     print(f"{'task':18s} {'cold s':>7s} {first + ' s':>12s} {second + ' s':>12s} {'judge s':>7s}  "
-          f"calls ({first}): median µs per call (round trip, channel, call, digest)")
+          f"{'eager/ours':>13s}  calls ({first}): median µs per call (round trip, channel, call, digest)")
     for row in rows:
         runs = row["runs"]
         cached = runs.get(f"cached_{first}") or {}
         calls = cached.get("calls_us") or {}
         print(f"{row['task']:18s} {fmt((runs.get('cold') or {}).get('total_s'), 2):>7s} "
               f"{fmt(_median_total(runs, first), 2):>12s} {fmt(_median_total(runs, second), 2):>12s} "
-              f"{fmt((cached.get('steps_s') or {}).get('judge'), 2):>7s}  {fmt(calls.get('round_trip'), 0)} "
+              f"{fmt((cached.get('steps_s') or {}).get('judge'), 2):>7s}  "
+              f"{fmt(_median_of(runs, first, 'speedup_eager'), 3):>6s}/{fmt(_median_of(runs, second, 'speedup_eager'), 3):<6s}  "
+              f"{fmt(calls.get('round_trip'), 0)} "
               f"{fmt(calls.get('channel'), 0)} {fmt(calls.get('call'), 0)} {fmt(calls.get('digest'), 0)}")
