@@ -200,8 +200,8 @@ def test_a_standby_slot_matches_whatever_the_free_memory_did_since(tmp_path):
 
 
 def test_the_record_says_where_the_childrens_start_went(build_cache):
-    """Each child's marks, in seconds from its pair's start: after it, in order, and its first answer (the
-    load) before the evaluation read it."""
+    """Each child's marks, in seconds from its pair's start: after it, in order, and its `ready` answer
+    before the evaluation read it."""
     begin = time.monotonic()
     record = evaluation.evaluate(AXPY_TASK, workspace("+"), host(build_cache))
     assert record["status"] == "correct", record["message"]

@@ -15,7 +15,7 @@ run each variant's rounds back to back (what one evaluation starts, the next one
 keeps its total wall time, its verification split (record["verify_steps_s"]), the split of its
 candidate calls (record["calls_split_us"]: the child's phases and the channel) and where its children's
 start went (record["children_start_s"]: seconds from the pair's start to each child's serve, warm, trace
-and first answer). Prints a table at the
+and ready). Prints a table at the
 end; with $OUT set, writes $OUT/bench_evaluator_split.json. Exit status 0 when every evaluation was
 `correct`, 1 otherwise, 2 for an unknown example or a cuda run without a GPU.
 """
