@@ -100,6 +100,73 @@ DEVICE_FAILING_TASK = Task(name="host_made_axpy", source=AXPY_TASK.source.replac
     "x = torch.randn(4096)\n    return [x, torch.from_numpy(x.numpy() * 0.5)]  # .numpy() fails on the device"))
 
 
+def test_baseline_calls_make_a_fresh_set_each_when_asked_and_free_the_last_one_first():
+    """CandidateLikeCalls with make_inputs: each prepare makes a new set (the last one released before),
+    and the call gets clones of it, as the candidate child's call does."""
+    import gc
+    import weakref
+
+    import torch
+
+    from evaluator_cuda.roles.reference import CandidateLikeCalls
+
+    made, alive_at_make = [], []
+
+    def make():
+        gc.collect()
+        alive_at_make.append(sum(ref() is not None for ref in made))
+        values = [torch.randn(8, generator=torch.Generator().manual_seed(len(made)))]
+        made.append(weakref.ref(values[0]))
+        return values
+
+    calls = CandidateLikeCalls(lambda x: x * 2, [torch.zeros(8)], "cpu", make_inputs=make)
+    outputs = []
+    for position in range(3):
+        calls.prepare(position)
+        assert calls.args[0] is not calls.inputs[0] and torch.equal(calls.args[0], calls.inputs[0])
+        outputs.append(calls().clone())
+    assert len(made) == 3 and alive_at_make == [0, 0, 0]  # the previous set was gone before each new one
+    assert not torch.equal(outputs[0], outputs[1])  # each call its own set
+    fixed = CandidateLikeCalls(lambda x: x * 2, [torch.ones(8)], "cpu")
+    fixed.prepare(0)
+    assert torch.equal(fixed(), torch.full((8,), 2.0))
+
+
+def test_the_baseline_protocol_makes_sets_per_call_only_on_cuda_with_sets_made_from_seeds():
+    """The protocol (and so the cache key) says so: on cuda when the candidate child makes its sets,
+    the baseline loop does too; not on the host, not without sets by seed, not timed per request."""
+    from evaluator_cuda.roles.errors import HandlerError
+    from evaluator_cuda.roles.reference import ReferenceRole
+    from evaluator_cuda.settings import EvalSettings
+    from evaluator_cuda.timing.stability import baseline_protocol
+
+    cuda = EvalSettings.for_backend("cuda")
+    assert baseline_protocol(cuda, True)["inputs"] == "made_per_call"
+    assert "inputs" not in baseline_protocol(cuda, False) and "inputs" not in baseline_protocol(cuda)
+    assert "inputs" not in baseline_protocol(EvalSettings.for_backend("host"), True)
+    assert "inputs" not in baseline_protocol(EvalSettings.for_backend("cuda", baselines_per_request=True), True)
+    role = ReferenceRole()
+    assert role._fresh_set_maker({}) is None
+    with pytest.raises(HandlerError, match="not made from seeds"):
+        role._fresh_set_maker({"inputs": "made_per_call"})
+
+
+@pytest.mark.cuda
+def test_cuda_baselines_on_sets_made_per_call_give_the_honest_example_its_verdict():
+    """Profiled, with the sets made from seeds: the baselines' calls make theirs per call too."""
+    from evaluator_cuda.settings import EvalSettings
+    from evaluator_cuda.solutions import read_solution
+    from evaluator_cuda.tasks import load_tasks
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    solution = read_solution(examples / "solutions" / "cuda" / "row_l2_norm")
+    task = {t.stem: t for t in load_tasks(examples / "tasks").tasks}[solution.stem]
+    record = evaluate(task, solution, EvalSettings.for_backend("cuda", profile=True))
+    assert record["status"] == "correct", record["message"]
+    assert record["inputs_by_seed"] and record["baseline_inputs"] == "made_per_call"
+    assert record["speedup"]["eager"] > 0 and record["reward"] >= 1
+
+
 @pytest.mark.cuda
 def test_cuda_sets_made_on_the_device_give_the_honest_example_its_verdict():
     """The 64 MiB layernorm example: every set made on the GPU in the candidate child from its seed, none sent."""

@@ -223,7 +223,7 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         eager_before = None
         if settings.profile:  # bracketed with the eager time after the calls: a load that changed shows
             with _step(record, "eager_before"):
-                eager_before = eager_now(reference, settings)
+                eager_before = eager_now(reference, settings, record)
         say("running the candidate's calls")
         with _step(record, "calls"):
             calls, caller = run_calls(candidate, reference, checks.get("inputs") or [], seeds, timed, settings, record)

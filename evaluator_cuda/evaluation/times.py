@@ -46,7 +46,8 @@ def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dic
     now agrees with the cached eager time, else (or with settings.refresh_baselines) measured now in the
     reference child (the candidate's child is idle then). With them, the eager time taken now (that
     sample, or the measured one)."""
-    protocol = baseline_protocol(settings)
+    protocol = baseline_protocol(settings, bool(record.get("inputs_by_seed")))
+    record["baseline_inputs"] = protocol.get("inputs", "one_set_cloned")  # how each baseline call gets its set
     torch_version = record["versions"].get("torch") or ""
     key = baseline_key(task.source, record["device"] or "", torch_version, settings.compile_mode, protocol)
     cache = BaselineCache(settings.cache_path() / "baselines")
@@ -92,9 +93,9 @@ def measure_baselines(reference: Child, settings: EvalSettings, protocol: dict) 
     return {k: measured.get(k) for k in ("eager", "compile", "compile_error", "compile_first_call_s")}
 
 
-def eager_now(reference: Child, settings: EvalSettings) -> dict:
+def eager_now(reference: Child, settings: EvalSettings, record: dict) -> dict:
     """Eager timed now, as the baselines are: the bracket taken before the candidate's calls."""
-    return eager_sample(reference, settings, baseline_protocol(settings))
+    return eager_sample(reference, settings, baseline_protocol(settings, bool(record.get("inputs_by_seed"))))
 
 
 def eager_sample(reference: Child, settings: EvalSettings, protocol: dict) -> dict:

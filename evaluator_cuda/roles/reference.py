@@ -7,6 +7,8 @@ parent chose, computes the reference outputs from untouched inputs, and times th
 
 from __future__ import annotations
 
+import random
+import secrets
 import time
 
 from ..tasks import TaskError, exec_task
@@ -261,6 +263,23 @@ class ReferenceRole:
             raise HandlerError("task", str(exc)) from None
         return {"outputs": [self.timed_outputs[int(seed)] for seed in req["seeds"]]}
 
+    def _fresh_set_maker(self, req: dict):
+        """With the protocol's `inputs: made_per_call`, what makes each baseline call's set: a fresh seed's set,
+        made as the candidate child makes its own (only where it does)."""
+        if req.get("inputs") != "made_per_call":
+            return None
+        if not self.sets_by_seed:
+            raise HandlerError("internal", "baselines on sets made per call, but sets are not made from seeds")
+        draw = random.Random(secrets.randbits(64))
+
+        def make() -> list:
+            try:
+                return to_device(self._inputs_from_seed(draw.getrandbits(31)), self.device)
+            except TaskError as exc:
+                raise HandlerError("task", str(exc)) from None
+
+        return make
+
     def do_baselines(self, req: dict) -> dict:
         import torch
 
@@ -270,7 +289,9 @@ class ReferenceRole:
         kwargs = dict(warmup=int(req["warmup"]), repeats=int(req["repeats"]), device_type=self.device,
                       l2_flush_bytes=int(req["l2_flush_bytes"]), pad_cycles=requested_pad(req))
         bound, budget = req.get("se_bound"), float(req.get("budget_s") or 0.0)
-        eager = _timed_until_stable(CandidateLikeCalls(self.model, args, self.device), kwargs, bound, budget / 2)
+        make = self._fresh_set_maker(req)
+        eager = _timed_until_stable(CandidateLikeCalls(self.model, args, self.device, make_inputs=make), kwargs, bound,
+                                    budget / 2)
         result = {"eager": eager, "compile": None, "compile_error": None}
         if req.get("eager_only"):
             return result
@@ -281,8 +302,8 @@ class ReferenceRole:
                 compiled(*args)
             _sync(self.device)
             result["compile_first_call_s"] = time.perf_counter() - begin
-            result["compile"] = _timed_until_stable(CandidateLikeCalls(compiled, args, self.device), kwargs, bound,
-                                                    budget / 2)
+            result["compile"] = _timed_until_stable(CandidateLikeCalls(compiled, args, self.device, make_inputs=make),
+                                                    kwargs, bound, budget / 2)
         except Exception as exc:
             result["compile_error"] = one_line(exc)
         return result
@@ -308,9 +329,10 @@ class CandidateLikeCalls:
     measured without it, the candidate's calls alone paid for them (0.3-1.3 µs a call on the H100, up to
     9 % of a 15 µs kernel, docs/figures.md)."""
 
-    def __init__(self, model, inputs: list, device: str, block_sizes=()):
+    def __init__(self, model, inputs: list, device: str, block_sizes=(), make_inputs=None):
         self.model, self.inputs, self.device = model, list(inputs), device
         self.args, self.output, self.block_sizes = list(inputs), None, list(block_sizes)
+        self.make_inputs = make_inputs  # each call's own fresh set (sets made from seeds), else `inputs` cloned
 
     def prepare(self, position: int) -> None:
         """Untimed, before the call at `position` (its parity picks the poison pattern)."""
@@ -322,6 +344,9 @@ class CandidateLikeCalls:
         # The last call's copies and output are freed before the new copies are made, as the candidate
         # child's are (the locals of its call end with it), so both sides allocate in the same order.
         self.output, self.args = None, []
+        if self.make_inputs is not None:  # the last call's set freed first, as the candidate child's is
+            self.inputs = []
+            self.inputs = self.make_inputs()
         self.args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.inputs]
         poison_allocator(self.block_sizes, position % 2, self.device)
         if self.device == "cuda":

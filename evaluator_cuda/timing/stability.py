@@ -54,8 +54,9 @@ def reward_noise_cannot_make(times: dict, margin: float) -> int:
     return 2 if _standing(times, "compile", margin) == 0 else 3
 
 
-def baseline_protocol(settings) -> dict:
-    """Everything besides the task, device, torch release and compile mode that changes a baseline's time."""
+def baseline_protocol(settings, inputs_by_seed: bool = False) -> dict:
+    """Everything besides the task, device, torch release and compile mode that changes a baseline's time.
+    `inputs_by_seed`: the candidate child makes each call's set from a seed in this evaluation."""
     # "calls": each baseline call prepared as a candidate's call is (roles/reference.py CandidateLikeCalls)
     protocol = {"warmup": settings.warmup, "repeats": settings.repeats, "l2_flush_bytes": settings.l2_flush_bytes,
                 "backend": settings.backend, "calls": "prepared_as_candidate_one_output_block"}
@@ -63,6 +64,11 @@ def baseline_protocol(settings) -> dict:
         protocol["launch_pad_cycles"] = settings.launch_pad_cycles
     if settings.device_type() == "cuda" and settings.time_baselines_per_request():
         protocol["calls"] = "one_request_each"  # timing/host_baselines.py
+    if settings.device_type() == "cuda" and inputs_by_seed and protocol["calls"] != "one_request_each":
+        # each baseline call makes a fresh set from a seed on the device, as the candidate child does
+        # (roles/reference.py CandidateLikeCalls): timed against a set kept for the whole loop, the
+        # candidate's reductions were about 9 % slower in self-check (docs/figures.md)
+        protocol["inputs"] = "made_per_call"
     if settings.device_type() == "cuda":  # timing/profile.py summarize_times(pairs=True)
         protocol["statistic"] = "median_of_pair_means"
         protocol["persisting_l2"] = "reset_before_each_call"  # the reference child binds the driver's reset too
