@@ -17,7 +17,7 @@ from pathlib import Path
 from .isolation.sandbox import Child
 from .settings import EvalSettings
 from .solutions import Solution
-from .timing.kernel_trace import TRACE_ENV
+from .timing.kernel_trace import TRACE_BEFORE_CONTEXT, TRACE_ENV
 from .timing.stability import drift_reason, reward_noise_cannot_make, timing_se_bound, unstable_times
 from .verdict.attribution import attribution_problem, classify, extension_symbols, span_disagreement
 from .verdict.fault import Verdict, candidate_failure, reading_candidate_reply, rejection, reply
@@ -34,7 +34,7 @@ def trace_env(settings: EvalSettings, solution_format: str) -> dict[str, str]:
     timed as the baselines' are."""
     if solution_format == "reference" or not traces_kernels(settings):
         return {}
-    return {TRACE_ENV: "1"}
+    return {TRACE_ENV: TRACE_BEFORE_CONTEXT if settings.kernel_trace_start == "before_context" else "1"}
 
 
 def attribute_kernels(candidate: Child, solution: Solution, extension: Path | None, settings: EvalSettings,

@@ -44,7 +44,8 @@ TOTAL_LIMIT_S = 320  # the whole check, set-up included, within about five minut
 JAIL_LIMIT_S = 120  # the jail lane: about 40 s on the H200 (two torch starts, one nvcc build)
 JAIL_COMMAND = [sys.executable, "scripts/check_jail.py", "--gpu", "--repeats", "5"]
 CUDA_TEST_FILES = ["tests/test_evaluator_examples.py", "tests/test_examples_cuda_build.py", "tests/test_fastbuild.py",
-                   "tests/test_hardening_cheats.py", "tests/test_output_commitment.py", "tests/test_inputs_from_seeds.py"]
+                   "tests/test_hardening_cheats.py", "tests/test_output_commitment.py", "tests/test_inputs_from_seeds.py",
+                   "tests/test_kernel_attribution.py"]
 
 
 def evaluator_digest(root: Path = ROOT) -> str:

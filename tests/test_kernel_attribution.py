@@ -244,3 +244,37 @@ def test_a_self_checks_children_start_untraced_and_a_candidates_traced(monkeypat
         record = evaluation.evaluate(task, solution, EvalSettings.for_backend(backend))
         assert record["status"] == "infra_error" and "no children in this test" in record["message"]
         assert (started_with.pop().get(TRACE_ENV) == "1") is trace_expected
+
+
+def test_the_trace_order_setting_reaches_the_childs_environment():
+    from evaluator_cuda.gpu_work import trace_env
+    from evaluator_cuda.settings import EvalSettings
+    from evaluator_cuda.timing.kernel_trace import TRACE_BEFORE_CONTEXT, TRACE_ENV
+
+    after = EvalSettings.for_backend("cuda")
+    before = EvalSettings.for_backend("cuda", kernel_trace_start="before_context")
+    assert trace_env(after, "workspace") == {TRACE_ENV: "1"}
+    assert trace_env(before, "workspace") == {TRACE_ENV: TRACE_BEFORE_CONTEXT}
+    assert trace_env(before, "reference") == {} and trace_env(EvalSettings.for_backend("host"), "workspace") == {}
+    with pytest.raises(ValueError, match="kernel_trace_start must be one of after_context, before_context"):
+        EvalSettings.for_backend("cuda", kernel_trace_start="later")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("order", ["before_context", "after_context"])
+def test_cuda_a_trace_started_either_side_of_the_context_sees_the_candidates_kernels(order):
+    """The honest example is correct (with torch compute refused, a trace without its kernels would be a
+    no_own_kernel rejection), its own kernels are counted, and the start marks follow the order."""
+    from evaluator_cuda.evaluation import evaluate
+    from evaluator_cuda.settings import EvalSettings
+    from evaluator_cuda.solutions import read_solution
+    from evaluator_cuda.tasks import load_tasks
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    solution = read_solution(examples / "solutions" / "cuda" / "row_l2_norm")
+    task = {t.stem: t for t in load_tasks(examples / "tasks").tasks}[solution.stem]
+    record = evaluate(task, solution, EvalSettings.for_backend("cuda", profile=False, kernel_trace_start=order))
+    assert record["status"] == "correct", record["message"]
+    assert record["kernels"]["own_kernels"] and not record["kernels"]["foreign"], record["kernels"]
+    marks = record["children_start_s"]["candidate"]
+    assert (marks["trace"] < marks["warm"]) is (order == "before_context"), marks

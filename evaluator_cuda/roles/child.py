@@ -18,7 +18,7 @@ from ..isolation import wire
 from ..isolation.sandbox import (CHANNEL_FD_ENV, LIMITS_ENV, SLOT_DIR_ENV, WARM_ENV, limit_resources, remove_slot_dir,
                                  warm_up)
 from ..settings import CHILD_FILE_SIZE_BYTES, CHILD_OPEN_FILES
-from ..timing.kernel_trace import TRACE_ENV, start_trace
+from ..timing.kernel_trace import TRACE_BEFORE_CONTEXT, TRACE_ENV, start_trace
 from .errors import HandlerError, one_line
 
 
@@ -51,10 +51,14 @@ def serve(role: str) -> None:
     warm = os.environ.pop(WARM_ENV, "")
     slot_dir = os.environ.pop(SLOT_DIR_ENV, "")  # set for the reference child of an evaluation slot
     trace = os.environ.pop(TRACE_ENV, "")
+    traced = bool(trace) and role == "candidate" and warm == "cuda"  # started before any candidate code loads
+    if traced and trace == TRACE_BEFORE_CONTEXT:
+        start_trace()
+        marks["trace"] = time.monotonic()
     if warm:  # started ahead of its evaluation: pay for torch and the CUDA context now, before any request
         warm_up(warm)
         marks["warm"] = time.monotonic()
-    if trace and role == "candidate" and warm == "cuda":  # before any candidate code loads
+    if traced and trace != TRACE_BEFORE_CONTEXT:
         start_trace()
         marks["trace"] = time.monotonic()
     try:

@@ -15,6 +15,7 @@ import bisect
 import contextlib
 
 TRACE_ENV = "CUDA_AGENT_TRACE_KERNELS"  # set in a candidate child's environment: trace from its start
+TRACE_BEFORE_CONTEXT = "before_context"  # its value when the trace starts before the CUDA context
 RANGE_PREFIX = "cuda_agent_call_"
 MAX_ITEMS_PER_CALL = 200  # distinct (name, kind, operator) per call; more is reported as truncated
 _LAUNCH_PREFIXES = ("cudaLaunch", "cuLaunch", "cudaMemcpy", "cuMemcpy", "cudaMemset", "cuMemset", "cudaGraphLaunch",
