@@ -675,3 +675,55 @@ def test_runtime_readiness_is_known_without_importing_torch(axpby_ext, tmp_path)
     ready, imported_torch, seconds = done.stdout.split()
     assert (ready, imported_torch) == ("True", "False"), done.stderr[-2000:]
     assert float(seconds) < 1.0
+
+
+def test_builds_at_once_in_one_process_wait_for_a_single_binding_runtime_build(tmp_path, monkeypatch):
+    """Seven first builds at once (a benchmark's threads) used to start seven runtime builds; one build
+    child now makes it while the others wait, and a failed one is each build's infra_error."""
+    import threading
+    import time as time_mod
+
+    from evaluator_cuda.extension import build
+    from evaluator_cuda.extension.fast import binding_runtime, build_adapter
+    from evaluator_cuda.extension.result import BuildResult
+    from evaluator_cuda.settings import EvalSettings
+
+    started, answer = [], {"ok": True}
+
+    class RuntimeChild:
+        def __init__(self, *args, **kwargs):
+            started.append(threading.get_ident())
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def request(self, message, timeout):
+            assert message["cmd"] == "runtime"
+            time_mod.sleep(0.3)
+            return dict(answer)
+
+    monkeypatch.setattr(build, "Child", RuntimeChild)
+    monkeypatch.setattr(binding_runtime, "binding_runtime_ready", lambda folder: False)
+    monkeypatch.setattr(build_adapter, "fast_build_workspace",
+                        lambda files, settings: BuildResult("built", [], "/x.so", 0.1, False, "key", path="fast"))
+    settings = EvalSettings.for_backend("host", cache_dir=str(tmp_path / "cache"))
+    results = [None] * 7
+
+    def one(i):
+        results[i] = build._fast_build({}, settings)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(7)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(started) == 1 and [r.status for r in results] == ["built"] * 7
+    assert all(r.build_seconds >= 0.1 for r in results)
+
+    answer = {"ok": False, "message": "no compiler"}
+    failed = build._fast_build({}, EvalSettings.for_backend("host", cache_dir=str(tmp_path / "other")))
+    assert failed.status == "infra_error" and failed.key == "key"
+    assert failed.diagnostics[0]["message"] == "binding runtime: no compiler"
