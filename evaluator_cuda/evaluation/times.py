@@ -46,7 +46,7 @@ def _baselines(reference: Child, task: Task, settings: EvalSettings, record: dic
     now agrees with the cached eager time, else (or with settings.refresh_baselines) measured now in the
     reference child (the candidate's child is idle then). With them, the eager time taken now (that
     sample, or the measured one)."""
-    protocol = baseline_protocol(settings, bool(record.get("inputs_by_seed")))
+    protocol = _protocol(settings, record)
     record["baseline_inputs"] = protocol.get("inputs", "one_set_cloned")  # how each baseline call gets its set
     torch_version = record["versions"].get("torch") or ""
     key = baseline_key(task.source, record["device"] or "", torch_version, settings.compile_mode, protocol)
@@ -95,7 +95,12 @@ def measure_baselines(reference: Child, settings: EvalSettings, protocol: dict) 
 
 def eager_now(reference: Child, settings: EvalSettings, record: dict) -> dict:
     """Eager timed now, as the baselines are: the bracket taken before the candidate's calls."""
-    return eager_sample(reference, settings, baseline_protocol(settings, bool(record.get("inputs_by_seed"))))
+    return eager_sample(reference, settings, _protocol(settings, record))
+
+
+def _protocol(settings: EvalSettings, record: dict) -> dict:
+    """The baseline protocol of this evaluation: its sets made from seeds or not (record["inputs_by_seed"])."""
+    return baseline_protocol(settings, bool(record.get("inputs_by_seed")))
 
 
 def eager_sample(reference: Child, settings: EvalSettings, protocol: dict) -> dict:

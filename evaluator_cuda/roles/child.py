@@ -39,9 +39,9 @@ def _handlers(role: str):
 
 
 def serve(role: str) -> None:
-    # When the child's start got where (CLOCK_MONOTONIC, the parent's clock too), sent with its first reply
-    # (in an evaluation slot, to `ready`, sandbox.EvaluationSlot): where a pair's start goes
-    # (record["children_start_s"]); a diagnostic the verdict never reads.
+    # When the child's start got where (CLOCK_MONOTONIC, the parent's clock too), sent with the answer to
+    # `ready` (sandbox.EvaluationSlot asks it first): where a pair's start goes (record["children_start_s"]);
+    # a diagnostic the verdict never reads.
     marks = {"serve": time.monotonic()}
     limits = [int(v) for v in os.environ.pop(LIMITS_ENV, f"{CHILD_FILE_SIZE_BYTES},{CHILD_OPEN_FILES}").split(",")]
     limit_resources(*limits)
@@ -93,8 +93,6 @@ def _serve_requests(role: str, handler, sock: socket.socket, marks: dict | None)
         except Exception as exc:  # a failure of harness code in the child
             reply = {"ok": False, "kind": "internal", "message": one_line(exc),
                      "detail": traceback.format_exc()[-8000:]}
-        if marks:
-            reply["start_marks"], marks = {**marks, "request": time.monotonic()}, None
         sys.stdout.flush()
         sys.stderr.flush()
         wire.send_message(sock, reply)

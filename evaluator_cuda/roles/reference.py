@@ -7,7 +7,6 @@ parent chose, computes the reference outputs from untouched inputs, and times th
 
 from __future__ import annotations
 
-import random
 import secrets
 import time
 
@@ -270,11 +269,9 @@ class ReferenceRole:
             return None
         if not self.sets_by_seed:
             raise HandlerError("internal", "baselines on sets made per call, but sets are not made from seeds")
-        draw = random.Random(secrets.randbits(64))
-
         def make() -> list:
             try:
-                return to_device(self._inputs_from_seed(draw.getrandbits(31)), self.device)
+                return to_device(self._inputs_from_seed(secrets.randbits(31)), self.device)
             except TaskError as exc:
                 raise HandlerError("task", str(exc)) from None
 
