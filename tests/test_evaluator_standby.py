@@ -212,10 +212,10 @@ def test_the_record_says_where_the_childrens_start_went(build_cache):
         assert 0 <= marks["serve"] <= marks["warm"] <= marks["ready"] <= elapsed, marks
 
 
-def test_a_slot_says_when_its_start_is_done_and_a_dead_child_is_reported(tmp_path):
+def test_a_slot_says_when_its_start_is_done_and_a_dead_child_is_reported(tmp_path, monkeypatch):
     """wait_ready answers once both children have warmed, with each one's marks (idempotent); a child
     that died before its answer is a ChildFailed, and the standby holding it is dropped."""
-    from evaluator_cuda.isolation.sandbox import ChildFailed, EvaluationSlot
+    from evaluator_cuda.isolation.sandbox import Child, ChildFailed, EvaluationSlot
 
     env, guard = _env_guard(tmp_path)
     slot = EvaluationSlot(env, guard, "cpu")
@@ -226,12 +226,20 @@ def test_a_slot_says_when_its_start_is_done_and_a_dead_child_is_reported(tmp_pat
         assert slot.wait_ready(0.1) is marks
     finally:
         slot.close()
+    # The `ready` requests are held back until the reference child is dead: a child forked from a warm
+    # server can answer within milliseconds, before any kill from here lands.
+    held, real_submit = [], Child.submit
+    monkeypatch.setattr(Child, "submit", lambda child, message: held.append((child, message))
+                        if message == {"cmd": "ready"} else real_submit(child, message))
     slots = StandbySlots()
     try:
         slots.refill(env, guard, "cpu")
+        monkeypatch.undo()
         standby = slots._standby
         os.killpg(standby.reference.proc.pid, signal.SIGKILL)
         standby.reference.proc.wait(timeout=10)
+        for child, message in held:
+            child.submit(message)
         try:
             standby.wait_ready(60)
             raise AssertionError("a dead child answered ready")
