@@ -1,4 +1,5 @@
-"""The placement probe's three ways of preparing a call (scripts/evaluator_bench/placement.py), dry on the CPU."""
+"""The placement probe's ways of preparing a call and of getting its input set
+(scripts/evaluator_bench/placement.py), dry on the CPU."""
 
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def test_each_way_gives_a_median_per_way(capsys):
 
     placement = _placement()
     rows = placement._path_rows(Clock(), "6_Swish", rounds=2, device="cpu")
-    assert [row["path"] for row in rows] == list(placement.PATHS)
+    assert [row["path"] for row in rows] == ["baseline", "baseline, copies kept", "baseline, one poison", "candidate"]
     assert all(row["n"] == 20 and min(row["median_us"], row["even_us"], row["odd_us"]) > 0 for row in rows)
     assert rows[0]["ratio"] == 1.0
     placement._print_paths(rows)
@@ -79,3 +80,35 @@ def test_the_one_poison_baseline_poisons_every_call_with_the_same_pattern(monkey
         both.prepare(position)
         both()
     assert parities == [0, 0, 0, 0, 0, 1, 0, 1]
+
+
+def test_the_set_ways_give_a_median_each(capsys):
+    from evaluator_bench.report import Clock
+
+    placement = _placement()
+    rows = placement._set_rows(Clock(), "9_Sum_reduction_over_a_dimension", rounds=2, device="cpu")
+    assert [row["path"] for row in rows] == ["baseline", "baseline, made per call", "candidate, sent per call",
+                                             "candidate, made per call"]
+    assert all(row["n"] == 20 and row["median_us"] > 0 for row in rows) and rows[0]["ratio"] == 1.0
+    placement._print_paths(rows)
+    assert "candidate, made per call" in capsys.readouterr().out
+
+
+def test_a_candidate_way_with_a_set_maker_takes_a_new_set_for_each_call_after_freeing_the_last():
+    from evaluator_cuda.roles.inputs import inputs_from_seed
+
+    seeds = iter([11, 12])
+    made = []
+
+    def make():
+        made.append(inputs_from_seed("t", lambda: [torch.randn(4, 4)], next(seeds), on_device=False))
+        return made[-1]
+
+    way = _placement()._CandidateWay(torch.nn.ReLU(), [torch.zeros(4, 4)], "cpu", make)
+    way.prepare(0)
+    first = way()
+    assert way.pristine is made[0] and torch.equal(first, torch.relu(made[0][0]))
+    way.prepare(1)
+    assert way.pristine is made[1] and not torch.equal(made[0][0], made[1][0])
+    torch.manual_seed(12)
+    assert torch.equal(way.args[0], torch.randn(4, 4)) and way.args[0] is not made[1][0]

@@ -22,6 +22,13 @@ processes, is what separates a self-check's times. A fourth way is the baseline'
 for every call instead of the two that alternate with the call's parity. Each way's even and odd calls are
 also given apart: a way whose calls alternate between two states shows two medians.
 
+With --sets, the same interleaved rounds compare where each call's input set comes from: the baseline's way
+with one set cloned for every call and with a fresh set made from a seed for each call (`inputs:
+made_per_call`), and the candidate's way with each call's set sent (copied in from host memory) and made
+from the call's seed on the device (settings.inputs_from_seeds). On the GPU the reductions' self-check
+is 9-11 % slow with made sets while the baselines' calls get faster with them; if the candidate's made
+way is slower here too, the way its calls are prepared is what costs, not its process.
+
 Exit status 0 when every case ran, 1 when one failed, 2 without a GPU or for a missing task file.
 With $OUT set, writes $OUT/bench_evaluator_placement.json.
 """
@@ -47,14 +54,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--budget-s", type=float, default=240.0, help="skip the remaining tasks past this")
     parser.add_argument("--paths", action="store_true",
                         help="time each task through the baseline's and the candidate's preparation instead")
-    parser.add_argument("--rounds", type=int, default=8, help="--paths: interleaved rounds of 10 calls per path")
+    parser.add_argument("--sets", action="store_true",
+                        help="time each task with its input sets cloned, sent or made from seeds on each side instead")
+    parser.add_argument("--rounds", type=int, default=8, help="--paths, --sets: interleaved rounds of 10 calls per way")
 
 
 def main(args) -> int:
     def rows_of(clock: Clock, stem: str) -> list[dict]:
-        return _path_rows(clock, stem, args.rounds) if args.paths else _task_rows(clock, stem, args.repeats)
+        if args.paths or args.sets:
+            return (_set_rows if args.sets else _path_rows)(clock, stem, args.rounds)
+        return _task_rows(clock, stem, args.repeats)
 
-    return each_task(args, "placement", rows_of, _print_paths if args.paths else _print_table)
+    return each_task(args, "placement", rows_of, _print_paths if args.paths or args.sets else _print_table)
 
 
 def each_task(args, subcommand: str, rows_of, print_rows) -> int:
@@ -144,16 +155,16 @@ def _print_table(rows: list[dict]) -> None:
         print(f"{task}: ratios to offset 0 span {min(ratios):.3f}-{max(ratios):.3f}")
 
 
-PATHS = ("baseline", "baseline, copies kept", "baseline, one poison", "candidate")
 
 
 class _CandidateWay:
     """A call prepared as the candidate child prepares one: the set kept on the device (allocated once),
     the last call's copies, pristine views and output already freed, fresh copies, the output-sized blocks
-    poisoned, the persisting L2 lines demoted."""
+    poisoned, the persisting L2 lines demoted. With `make_set`, each call's set is made anew by it (sent with
+    the call, or made from the call's seed) after the last one was freed, instead of kept."""
 
-    def __init__(self, model, inputs: list, device: str):
-        self.model, self.device = model, device
+    def __init__(self, model, inputs: list, device: str, make_set=None):
+        self.model, self.device, self.make_set = model, device, make_set
         self.kept = [x.clone() if hasattr(x, "clone") else x for x in inputs]
         self.args, self.pristine, self.output, self.block_sizes = [], [], None, []
 
@@ -164,7 +175,7 @@ class _CandidateWay:
 
         self.block_sizes = poison_sizes(self.block_sizes, tensor_sizes(self.output))
         self.args, self.pristine, self.output = [], [], None  # do_call's locals end with the call
-        self.pristine = list(self.kept)
+        self.pristine = list(self.kept) if self.make_set is None else self.make_set()
         self.args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.pristine]
         poison_allocator(self.block_sizes, position % 2, self.device)
         if self.device == "cuda":
@@ -214,38 +225,72 @@ class _OnePoison:
 
 
 def _path_rows(clock: Clock, stem: str, rounds: int, device: str = "cuda") -> list[dict]:
-    """Each way's median over `rounds` interleaved rounds of 10 timed calls (`device` "cpu": a dry run)."""
-    import torch
-
+    """Each way of preparing a call: its median over `rounds` interleaved rounds of 10 timed calls (`device`
+    "cpu": a dry run)."""
     from evaluator_cuda.roles.reference import CandidateLikeCalls
-    from evaluator_cuda.timing.profile import time_forward
+
+    model, inputs, _ = _task(stem, device)
+    ways = {"baseline": CandidateLikeCalls(model, inputs, device),
+            "baseline, copies kept": _CopiesKept(CandidateLikeCalls(model, inputs, device)),
+            "baseline, one poison": _OnePoison(CandidateLikeCalls(model, inputs, device)),
+            "candidate": _CandidateWay(model, inputs, device)}
+    return _interleaved(clock, stem, ways, rounds, device)
+
+
+def _set_rows(clock: Clock, stem: str, rounds: int, device: str = "cuda") -> list[dict]:
+    """Each side's way with each source of its input sets, as _path_rows."""
+    import secrets
+
+    from evaluator_cuda.roles.inputs import inputs_from_seed
+    from evaluator_cuda.roles.reference import CandidateLikeCalls, to_device
+
+    model, inputs, get_inputs = _task(stem, device)
+    host_set = [x.cpu() if hasattr(x, "cpu") else x for x in inputs]
+
+    def made() -> list:  # as both children make a set from a seed (roles/inputs.py)
+        return inputs_from_seed(stem, get_inputs, secrets.randbits(31), on_device=device == "cuda")
+
+    ways = {"baseline": CandidateLikeCalls(model, inputs, device),
+            "baseline, made per call": CandidateLikeCalls(model, inputs, device, make_inputs=made),
+            "candidate, sent per call": _CandidateWay(model, inputs, device, lambda: to_device(host_set, device)),
+            "candidate, made per call": _CandidateWay(model, inputs, device, made)}
+    return _interleaved(clock, stem, ways, rounds, device)
+
+
+def _task(stem: str, device: str):
+    """(model, one input set, get_inputs) of a level-1 task, made on `device`."""
+    import torch
 
     namespace = load_task(LEVEL1 / f"{stem}.py")
     with torch.device(device):
         model = namespace["Model"](*namespace["get_init_inputs"]()).eval()
         inputs = namespace["get_inputs"]()
-    ways = {"baseline": CandidateLikeCalls(model, inputs, device),
-            "baseline, copies kept": _CopiesKept(CandidateLikeCalls(model, inputs, device)),
-            "baseline, one poison": _OnePoison(CandidateLikeCalls(model, inputs, device)),
-            "candidate": _CandidateWay(model, inputs, device)}
-    samples: dict[str, list[float]] = {name: [] for name in PATHS}
+    return model, inputs, namespace["get_inputs"]
+
+
+def _interleaved(clock: Clock, stem: str, ways: dict, rounds: int, device: str) -> list[dict]:
+    """Rows of each way's median over `rounds` rounds of 10 timed calls, the ways' order reversed every
+    other round; ratios to the first way."""
+    from evaluator_cuda.timing.profile import time_forward
+
+    names = tuple(ways)
+    samples: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(rounds):
-        order = PATHS if round_index % 2 == 0 else tuple(reversed(PATHS))
-        for name in order:
+        for name in names if round_index % 2 == 0 else tuple(reversed(names)):
             way = ways[name]
             times, _ = time_forward(way, warmup=3, repeats=10, device_type=device,
                                     l2_flush_bytes=FLUSH_BYTES if device == "cuda" else 0, prepare=way.prepare)
             samples[name] += times
-    base = statistics.median(samples["baseline"])
+    base = statistics.median(samples[names[0]])
     rows = []
-    for name in PATHS:
+    for name in names:
         median = statistics.median(samples[name])
         # Even and odd calls apart: a way that swaps two blocks between its input copy and its output from
         # one call to the next shows two placements here, one that keeps them shows one.
         even, odd = statistics.median(samples[name][0::2]), statistics.median(samples[name][1::2])
         rows.append({"task": stem, "path": name, "median_us": median, "ratio": median / base, "n": len(samples[name]),
                      "even_us": even, "odd_us": odd})
-        clock.say(f"{stem}: {name}: {median:.2f} µs ({median / base:.3f} of the baseline's way; even calls "
+        clock.say(f"{stem}: {name}: {median:.2f} µs ({median / base:.3f} of the {names[0]}'s way; even calls "
                   f"{even:.2f}, odd {odd:.2f})")
     return rows
 
