@@ -19,9 +19,12 @@
              committed by digest or sent): total wall time, the verification split, the calls' split.
   placement  on a GPU: KernelBench-layout tasks timed in one process with their inputs at byte offsets within
              2 MiB, and with a block held to move their intermediates: what placement alone does to a time;
-             --paths: the baseline's and the candidate child's ways of preparing a call, side by side.
+             --paths: the baseline's and the candidate child's ways of preparing a call, side by side;
+             --sets: each side's way with its input sets cloned, sent or made from seeds.
   idle       on a GPU: KernelBench-layout tasks timed back to back and after 2-4 ms of GPU idle before each
              call (as the candidate child's round trips leave it), with a longer pad, with the GPU kept busy.
+  trace_start  on a GPU: in fresh processes, what starting the kernel trace (torch.profiler, CUPTI) costs
+             after the CUDA context, with CPU records or without, with every module loaded, a second time.
 
 Each prints progress lines with elapsed seconds and a table at the end, and writes
 $OUT/bench_evaluator_<subcommand>.json when OUT is set (examples --fast-build: ..._examples_fast.json; speed
@@ -50,6 +53,8 @@ SUBCOMMANDS = {  # name: (module, one line for the list)
                                "offsets in GPU memory"),
     "idle": ("idle", "one process: a call's time back to back and after the GPU idled as between the "
                      "candidate's calls"),
+    "trace_start": ("trace_start", "fresh processes: the kernel trace's start after the CUDA context, four "
+                                   "variants"),
 }
 
 
