@@ -11,8 +11,10 @@
 #   bash scripts/gpu_session.sh selfcheck   # the KernelBench-layout tasks against themselves: eager/ours within 3 %
 #                                           # (first, in one process: the GPU idle before a call, and the
 #                                           # baseline's and the candidate's ways of a call)
-#   bash scripts/gpu_session.sh diagnose    # input sets cloned, sent or made on each side (one process), the idle
-#                                           # probe, then baselines per request and a 4x launch pad A/B
+#   bash scripts/gpu_session.sh diagnose    # the idle probe, then baselines per request and a 4x launch pad A/B
+#   bash scripts/gpu_session.sh open        # what the open measurements wait for: the kernel trace's start in
+#                                           # fresh processes, and the reductions' input sets cloned, sent or
+#                                           # made on each side
 #
 # On a GPU machine without pyzmq, first install its wheel (fetched elsewhere with pip download):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -67,14 +69,17 @@ case "${1:-}" in
     step selfcheck_band 30 "$PY" scripts/selfcheck_band.py "$OUT/selfcheck/report.json" --band 0.03
     ;;
   diagnose)  # the self-check's gap: GPU idle before a call (one process), then two settings A/B in the children
-    step placement_sets 150 "$PY" scripts/bench_evaluator.py placement --sets --budget-s 120 \
-      --tasks 9_Sum_reduction_over_a_dimension 10_Max_reduction_over_a_dimension
     step idle 100 "$PY" scripts/bench_evaluator.py idle --budget-s 80
     step ab_per_request 200 "$PY" scripts/selfcheck_ab.py baselines_per_request=false baselines_per_request=true --rounds 1
     step ab_pad 200 "$PY" scripts/selfcheck_ab.py launch_pad_cycles=null launch_pad_cycles=16000000 --rounds 1
     ;;
+  open)
+    step trace_start 110 "$PY" scripts/bench_evaluator.py trace_start --budget-s 90
+    step placement_sets 130 "$PY" scripts/bench_evaluator.py placement --sets --budget-s 100 \
+      --tasks 9_Sum_reduction_over_a_dimension 10_Max_reduction_over_a_dimension
+    ;;
   *)
-    echo "usage: bash scripts/gpu_session.sh evaluator|speed|policy|loop|synthesis|selfcheck|diagnose" >&2
+    echo "usage: bash scripts/gpu_session.sh evaluator|speed|policy|loop|synthesis|selfcheck|diagnose|open" >&2
     exit 2
     ;;
 esac
