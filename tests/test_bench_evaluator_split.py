@@ -29,3 +29,15 @@ def test_an_unknown_example_or_variant_is_refused_with_exit_2():
     assert done.returncode == 2 and "no example task named no_such_task" in done.stderr, done.stderr[-500:]
     done = _split("--vary", "everything")
     assert done.returncode == 2 and "invalid choice: 'everything'" in done.stderr, done.stderr[-500:]
+
+
+def test_the_rounds_run_back_to_back_are_listed_in_the_order_they_ran(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    from evaluator_bench.split import _print_rounds
+
+    runs = {"cold": {"total_s": 15.0}, "cached_at_start": {"total_s": 6.5}, "cached_at_start_1": {"total_s": 6.25},
+            "cached_after_timing": {"total_s": 2.9}, "cached_after_timing_1": {"total_s": 7.3},
+            "cached_after_timing_2": {"total_s": None}}
+    _print_rounds([{"task": "layernorm", "runs": runs}], ["at_start", "after_timing"])
+    line = capsys.readouterr().out.splitlines()[-1].split()
+    assert line == ["layernorm", "at_start:", "6.50,", "6.25;", "after_timing:", "2.90,", "7.30,", "-"]

@@ -79,6 +79,8 @@ def main(args) -> int:
         rows.append(_example(clock, tasks[stem], args.backend, cache, VARIANTS[args.vary], args.rounds,
                              args.vary in IN_BLOCKS))
     _print_table(rows, list(VARIANTS[args.vary]))
+    if args.vary in IN_BLOCKS:
+        _print_rounds(rows, list(VARIANTS[args.vary]))
     write_out("bench_evaluator_split.json", {"rows": rows, "backend": args.backend, "vary": args.vary})
     ok = all(run["status"] == "correct" for row in rows for run in row["runs"].values())
     return 0 if ok and rows else 1
@@ -142,3 +144,19 @@ def _print_table(rows: list[dict], variants: list[str]) -> None:
               f"{fmt(_median_of(runs, first, 'speedup_eager'), 3):>6s}/{fmt(_median_of(runs, second, 'speedup_eager'), 3):<6s}  "
               f"{fmt(calls.get('round_trip'), 0)} "
               f"{fmt(calls.get('channel'), 0)} {fmt(calls.get('call'), 0)} {fmt(calls.get('digest'), 0)}")
+
+
+def _rounds_of(runs: dict, variant: str) -> list:
+    """A variant's cached evaluations' totals in the order they ran."""
+    return [r.get("total_s") for label, r in runs.items()
+            if label == f"cached_{variant}" or label.startswith(f"cached_{variant}_")]
+
+
+def _print_rounds(rows: list[dict], variants: list[str]) -> None:
+    """Each variant's evaluations back to back, in order: the first may find a pair started long before,
+    the later ones show what a worker evaluating without pause waits."""
+    print("\nback to back, each evaluation's total in order (s):")
+    for row in rows:
+        print(f"  {row['task']:18s} " + "; ".join(
+            f"{variant}: " + ", ".join(fmt(total, 2) for total in _rounds_of(row["runs"], variant))
+            for variant in variants))
