@@ -226,11 +226,22 @@ extern "C" void axpy_launcher(const float* x, const float* y, float* out, float 
 }
 """
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def example(name: str, backend: str = "cuda") -> tuple[Task, Solution]:
+    """The task of an example and its solution under examples/solutions/<backend>/<name>."""
+    from evaluator_cuda.solutions import read_solution
+    from evaluator_cuda.tasks import load_tasks
+
+    solution = read_solution(EXAMPLES / "solutions" / backend / name)
+    return {t.stem: t for t in load_tasks(EXAMPLES / "tasks").tasks}[solution.stem], solution
+
+
 # Small outputs scored at their own scale: a plain softmax over wide rows (every value far below
 # atol), the example row-softmax kernel as the honest answer and four wrong ones, each computed
 # by the kernel itself (the torch-compute guard would refuse zero_() or fill_() before the check). Shared by
 # tests/test_evaluator_tolerance.py (host) and scripts/check_small_outputs.py (both backends).
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SOFTMAX_MODEL_NEW = """import torch
 import torch.nn as nn
 

@@ -3,7 +3,6 @@ reference child's, no input bytes sent, a fresh set for every call, the sets sen
 get_inputs is not reproducible, and a candidate that meddles with the making found wrong."""
 
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from evaluator_cuda.solutions import reference_solution
 from evaluator_cuda.tasks import Task, exec_task
 from evaluator_cuda.verdict.schedule import CallRequests, call_schedule
 
-from evaluator_helpers import AXPY_TASK, build_cache, host, model_new_with, workspace  # noqa: F401  (fixture)
+from evaluator_helpers import AXPY_TASK, build_cache, example, host, model_new_with, workspace  # noqa: F401  (fixture)
 
 UNSEEDED_TASK = Task(name="unseeded_axpy", source=AXPY_TASK.source.replace(
     "return [torch.randn(4096), torch.randn(4096)]",
@@ -155,12 +154,8 @@ def test_the_baseline_protocol_makes_sets_per_call_only_on_cuda_with_sets_made_f
 def test_cuda_baselines_on_sets_made_per_call_give_the_honest_example_its_verdict():
     """Profiled, with the sets made from seeds: the baselines' calls make theirs per call too."""
     from evaluator_cuda.settings import EvalSettings
-    from evaluator_cuda.solutions import read_solution
-    from evaluator_cuda.tasks import load_tasks
 
-    examples = Path(__file__).resolve().parents[1] / "examples"
-    solution = read_solution(examples / "solutions" / "cuda" / "row_l2_norm")
-    task = {t.stem: t for t in load_tasks(examples / "tasks").tasks}[solution.stem]
+    task, solution = example("row_l2_norm")
     record = evaluate(task, solution, EvalSettings.for_backend("cuda", profile=True))
     assert record["status"] == "correct", record["message"]
     assert record["inputs_by_seed"] and record["baseline_inputs"] == "made_per_call"
@@ -171,12 +166,8 @@ def test_cuda_baselines_on_sets_made_per_call_give_the_honest_example_its_verdic
 def test_cuda_sets_made_on_the_device_give_the_honest_example_its_verdict():
     """The 64 MiB layernorm example: every set made on the GPU in the candidate child from its seed, none sent."""
     from evaluator_cuda.settings import EvalSettings
-    from evaluator_cuda.solutions import read_solution
-    from evaluator_cuda.tasks import load_tasks
 
-    examples = Path(__file__).resolve().parents[1] / "examples"
-    solution = read_solution(examples / "solutions" / "cuda" / "layernorm")
-    task = {t.stem: t for t in load_tasks(examples / "tasks").tasks}[solution.stem]
+    task, solution = example("layernorm")
     record = evaluate(task, solution, EvalSettings.for_backend("cuda", profile=False))
     assert record["status"] == "correct", record["message"]
     assert record["inputs_by_seed"] and record["inputs_generated_on"] == "cuda"

@@ -267,12 +267,9 @@ def test_cuda_a_trace_started_either_side_of_the_context_sees_the_candidates_ker
     no_own_kernel rejection), its own kernels are counted, and the start marks follow the order."""
     from evaluator_cuda.evaluation import evaluate
     from evaluator_cuda.settings import EvalSettings
-    from evaluator_cuda.solutions import read_solution
-    from evaluator_cuda.tasks import load_tasks
+    from evaluator_helpers import example
 
-    examples = Path(__file__).resolve().parents[1] / "examples"
-    solution = read_solution(examples / "solutions" / "cuda" / "row_l2_norm")
-    task = {t.stem: t for t in load_tasks(examples / "tasks").tasks}[solution.stem]
+    task, solution = example("row_l2_norm")
     record = evaluate(task, solution, EvalSettings.for_backend("cuda", profile=False, kernel_trace_start=order))
     assert record["status"] == "correct", record["message"]
     assert record["kernels"]["own_kernels"] and not record["kernels"]["foreign"], record["kernels"]

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from evaluator_cuda.evaluation import evaluate  # noqa: E402
 from evaluator_cuda.isolation import commitment, wire  # noqa: E402
-from evaluator_helpers import AXPY_TASK, build_cache, host, model_new_with, workspace  # noqa: E402,F401
+from evaluator_helpers import AXPY_TASK, build_cache, example, host, model_new_with, workspace  # noqa: E402,F401
 
 
 def _across_the_wire(value):
@@ -122,15 +122,9 @@ def test_a_candidate_that_withholds_its_output_is_caught(build_cache, change, st
 def test_cuda_examples_with_their_outputs_committed_keep_their_verdicts(name, status):
     """The 64 MiB layernorm output committed by digest on every call, profiled; the wrong GEMM still
     caught on its fetched check outputs."""
-    from pathlib import Path
-
     from evaluator_cuda.settings import COMMIT_OUTPUT_BYTES, EvalSettings
-    from evaluator_cuda.solutions import read_solution
-    from evaluator_cuda.tasks import load_tasks
 
-    examples = Path(__file__).resolve().parents[1] / "examples"
-    solution = read_solution(examples / "solutions" / "cuda" / name)
-    task = {t.stem: t for t in load_tasks(examples / "tasks").tasks}[solution.stem]
+    task, solution = example(name)
     settings = EvalSettings.for_backend("cuda", commit_output_bytes=COMMIT_OUTPUT_BYTES, profile=status == "correct")
     record = evaluate(task, solution, settings)
     assert record["status"] == status, record["message"]

@@ -1,4 +1,5 @@
-"""Paths of the checkout, a task and a candidate loaded outside the evaluator, and the JSON written to $OUT.
+"""Paths of the checkout, a task and a candidate loaded outside the evaluator, the JSON written to $OUT, and the
+one line a GPU subcommand gives on a machine without one.
 
 The loaders are used in the benchmarks' own processes (timing child, compile checks, dry run), never in the
 evaluator: the evaluator loads candidates only in its sandboxed candidate child.
@@ -24,6 +25,18 @@ def put_checkout_on_path() -> None:
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def gpu_missing(subcommand: str, otherwise: str | None = None) -> bool:
+    """True, after one line on stderr, when no GPU is visible to a subcommand that needs one (`otherwise`:
+    what it can do here instead)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    print(f"no GPU visible: `bench_evaluator.py {subcommand}` needs one" + (f" (or {otherwise})" if otherwise else ""),
+          file=sys.stderr)
+    return True
 
 
 def load_task(task_path: str | Path) -> dict:

@@ -23,7 +23,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from evaluator_bench.common import REPO, SOLUTIONS, TASKS, write_out
+from evaluator_bench.common import REPO, SOLUTIONS, TASKS, gpu_missing, write_out
 from evaluator_bench.report import Clock, fmt
 from evaluator_bench.timing import time_outside, timed
 
@@ -50,8 +50,7 @@ def main(args) -> int:
     from evaluator_cuda.solutions import read_solution
 
     clock = Clock(args.budget_s)
-    if not torch.cuda.is_available():
-        print("no GPU visible: `bench_evaluator.py examples` is for the H200", file=sys.stderr)
+    if gpu_missing("examples"):
         return 2
     cache = Path(tempfile.mkdtemp(prefix="cuda-agent-gpu-bench-"))
     settings = EvalSettings.for_backend("cuda", cache_dir=str(cache), fast_build=args.fast_build)

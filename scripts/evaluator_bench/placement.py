@@ -38,7 +38,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from evaluator_bench.common import REPO, load_task, write_out
+from evaluator_bench.common import REPO, gpu_missing, load_task, write_out
 from evaluator_bench.report import Clock, fmt
 
 LEVEL1 = REPO / "examples" / "kernelbench_level1" / "level1"
@@ -74,8 +74,7 @@ def each_task(args, subcommand: str, rows_of, print_rows) -> int:
     failed, 2 without a GPU or for a missing task file."""
     import torch
 
-    if not torch.cuda.is_available():
-        print(f"no GPU visible: `bench_evaluator.py {subcommand}` needs one", file=sys.stderr)
+    if gpu_missing(subcommand):
         return 2
     from evaluator_cuda.timing import profile
 

@@ -36,11 +36,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-from evaluator_bench.common import SOLUTIONS, write_out
+from evaluator_bench.common import SOLUTIONS, gpu_missing, write_out
 from evaluator_bench.kernelbench_form import write_kernelbench
 from evaluator_bench.report import Clock, fmt
 from evaluator_bench.speed_builds import compile_kernelbench, compile_workspace
@@ -69,8 +68,7 @@ def main(args, parser) -> int:
     from evaluator_cuda.settings import EvalSettings
 
     backend = args.backend or ("cuda" if torch.cuda.is_available() else "host")
-    if backend == "cuda" and not args.dry_run and not torch.cuda.is_available():
-        print("no GPU visible: run `speed --backend cuda` on the H200, or --dry-run here", file=sys.stderr)
+    if backend == "cuda" and not args.dry_run and gpu_missing("speed --backend cuda", "--dry-run"):
         return 2
     known = all_cases()
     names = args.cases or (QUICK_CASES if args.quick or backend == "host" else DEFAULT_CASES)

@@ -28,7 +28,7 @@ import statistics
 import sys
 import tempfile
 
-from evaluator_bench.common import SOLUTIONS, TASKS, write_out
+from evaluator_bench.common import SOLUTIONS, TASKS, gpu_missing, write_out
 from evaluator_bench.report import Clock, fmt
 from evaluator_cuda.settings import COMMIT_OUTPUT_BYTES
 
@@ -56,10 +56,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    import torch
-
-    if args.backend == "cuda" and not torch.cuda.is_available():
-        print("no GPU visible: `bench_evaluator.py split` needs one (or --backend host)", file=sys.stderr)
+    if args.backend == "cuda" and gpu_missing("split", "--backend host"):
         return 2
     from evaluator_cuda.tasks import load_tasks
 
@@ -119,10 +116,16 @@ def _example(clock: Clock, task, backend: str, cache: str, variants: dict, round
     return {"task": task.stem, "runs": runs}
 
 
+def _runs_of(runs: dict, variant: str) -> list[dict]:
+    """A variant's cached evaluations in the order they ran (labelled cached_<variant>, cached_<variant>_<round>)."""
+    prefix = f"cached_{variant}"
+    return [r for label, r in runs.items()
+            if label == prefix or (label.startswith(prefix + "_") and label[len(prefix) + 1:].isdigit())]
+
+
 def _median_of(runs: dict, variant: str, field: str):
     """The median of one field over a variant's cached evaluations (None when none has it)."""
-    values = [r[field] for label, r in runs.items()
-              if (label == f"cached_{variant}" or label.startswith(f"cached_{variant}_")) and r.get(field)]
+    values = [r[field] for r in _runs_of(runs, variant) if r.get(field)]
     return statistics.median(values) if values else None
 
 
@@ -146,17 +149,11 @@ def _print_table(rows: list[dict], variants: list[str]) -> None:
               f"{fmt(calls.get('channel'), 0)} {fmt(calls.get('call'), 0)} {fmt(calls.get('digest'), 0)}")
 
 
-def _rounds_of(runs: dict, variant: str) -> list:
-    """A variant's cached evaluations' totals in the order they ran."""
-    return [r.get("total_s") for label, r in runs.items()
-            if label == f"cached_{variant}" or label.startswith(f"cached_{variant}_")]
-
-
 def _print_rounds(rows: list[dict], variants: list[str]) -> None:
     """Each variant's evaluations back to back, in order: the first may find a pair started long before,
     the later ones show what a worker evaluating without pause waits."""
     print("\nback to back, each evaluation's total in order (s):")
     for row in rows:
         print(f"  {row['task']:18s} " + "; ".join(
-            f"{variant}: " + ", ".join(fmt(total, 2) for total in _rounds_of(row["runs"], variant))
+            f"{variant}: " + ", ".join(fmt(r.get("total_s"), 2) for r in _runs_of(row["runs"], variant))
             for variant in variants))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import tempfile
 
-from evaluator_bench.common import SOLUTIONS, TASKS, write_out
+from evaluator_bench.common import SOLUTIONS, TASKS, gpu_missing, write_out
 from evaluator_bench.report import Clock, fmt
 
 DEFAULT_ONLY = ["elementwise_chain", "row_softmax", "layernorm"]
@@ -32,8 +32,7 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     import torch
 
-    if not torch.cuda.is_available():
-        print("no GPU visible: `bench_evaluator.py trace` is for the H200", file=sys.stderr)
+    if gpu_missing("trace"):
         return 2
     from evaluator_cuda.tasks import load_tasks
 

@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import sys
 
-from evaluator_bench.common import write_out
+from evaluator_bench.common import gpu_missing, write_out
 from evaluator_bench.report import Clock, fmt
 
 VARIANTS = {  # name: (activities, extra environment, start twice)
@@ -73,8 +73,7 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     import torch
 
-    if not torch.cuda.is_available():
-        print("no GPU visible: `bench_evaluator.py trace_start` needs one", file=sys.stderr)
+    if gpu_missing("trace_start"):
         return 2
     clock = Clock(args.budget_s)
     results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
@@ -87,9 +86,8 @@ def main(args) -> int:
             marks = _run(activities, env, twice, min(args.run_timeout_s, clock.remaining() + 5))
             failed += "error" in marks
             results[name].append(marks)
-            clock.say(f"{name} run {repeat + 1}: " + ", ".join(f"{k} {fmt(marks.get(k), 2)} s" for k in STEPS
-                                                             if k in marks) + (f"; {marks['error']}" if "error" in marks
-                                                                               else f"; {marks.get('cupti')}"))
+            steps = ", ".join(f"{k} {fmt(marks[k], 2)} s" for k in STEPS if k in marks)
+            clock.say(f"{name} run {repeat + 1}: {steps}; {marks.get('error') or marks.get('cupti')}")
     _print(results)
     write_out("bench_evaluator_trace_start.json", {"device": torch.cuda.get_device_name(), "runs": results})
     return 1 if failed else 0
