@@ -63,6 +63,7 @@ def host_cache_flush_bytes(cpu_cache_root: str = "/sys/devices/system/cpu/cpu0/c
 
 
 NEXT_CHILDREN_STARTS = ("after_timing", "at_start", "overlapping")  # settings.next_children_start
+MAX_STANDBY_PAIRS = 4  # settings.standby_pairs: each pair holds two processes (and on a GPU two contexts)
 KERNEL_TRACE_STARTS = ("after_context", "before_context")  # settings.kernel_trace_start
 HOST_TIMING_ROUNDS_S = 2.0  # settings.timing_rounds_budget_s on the host
 COMMIT_OUTPUT_BYTES = 4 << 20  # settings.commit_output_bytes on cuda (for_backend); the host sends every output
@@ -174,11 +175,16 @@ class EvalSettings:
     # pair is warm, so that no child starts while anything is timed; "overlapping" as "at_start" without the
     # wait (kept to measure what a starting pair does to the times).
     next_children_start: str = "after_timing"
+    # How many pairs are kept warming ahead when kept warm. A pair's start on a GPU (its CUDA context and
+    # kernel trace) takes longer than an evaluation: back to back, each pair has this many evaluations' time.
+    standby_pairs: int = 1
 
     def __post_init__(self):
         if self.kernel_trace_start not in KERNEL_TRACE_STARTS:
             raise ValueError(f"kernel_trace_start must be one of {', '.join(KERNEL_TRACE_STARTS)}, "
                              f"not {self.kernel_trace_start!r}")
+        if isinstance(self.standby_pairs, bool) or not isinstance(self.standby_pairs, int) or not 1 <= self.standby_pairs <= MAX_STANDBY_PAIRS:
+            raise ValueError(f"standby_pairs must be an integer from 1 to {MAX_STANDBY_PAIRS}, not {self.standby_pairs!r}")
         if self.next_children_start not in NEXT_CHILDREN_STARTS:
             raise ValueError(f"next_children_start must be one of {', '.join(NEXT_CHILDREN_STARTS)}, "
                              f"not {self.next_children_start!r}")

@@ -44,15 +44,15 @@ def test_a_standby_slot_is_handed_out_once_and_only_for_its_own_environment(tmp_
         assert (slots.hits, slots.misses) == (0, 1)
         first.used = True
         slots.refill(env, guard, "cpu")
-        standby = slots._standby
+        standby = slots.peek()
         assert standby is not None and standby is not first and standby.alive()
         pids = {standby.reference.proc.pid, standby.candidate.proc.pid}
         assert not pids & {first.reference.proc.pid, first.candidate.proc.pid}
         slots.refill(env, guard, "cpu")  # already warming for this environment: nothing new
-        assert slots._standby is standby
+        assert slots.peek() is standby
         second = slots.take(env, guard, "cpu")
         assert second is standby and (slots.hits, slots.misses) == (1, 1)
-        assert slots._standby is None  # handed out once
+        assert slots.peek() is None  # handed out once
         third = slots.take(env, guard, "cpu")
         assert third is not second and (slots.hits, slots.misses) == (1, 2)
         for slot in (first, second, third):
@@ -60,7 +60,7 @@ def test_a_standby_slot_is_handed_out_once_and_only_for_its_own_environment(tmp_
 
         # a standby started for other settings (another cache, other limits) is not handed out, and is killed
         slots.refill(env, guard, "cpu")
-        stale = slots._standby
+        stale = slots.peek()
         other_env, other_guard = _env_guard(tmp_path / "other", child_cpu_seconds=77)
         fresh = slots.take(other_env, other_guard, "cpu")
         assert fresh is not stale and slots.misses == 3
@@ -76,7 +76,7 @@ def test_a_standby_whose_child_died_is_replaced(tmp_path):
     env, guard = _env_guard(tmp_path)
     try:
         slots.refill(env, guard, "cpu")
-        standby = slots._standby
+        standby = slots.peek()
         os.killpg(standby.candidate.proc.pid, signal.SIGKILL)
         standby.candidate.proc.wait(timeout=10)
         slot = slots.take(env, guard, "cpu")
@@ -93,26 +93,59 @@ def test_only_an_untouched_slot_may_be_given_back(tmp_path):
     try:
         unused = slots.take(env, guard, "cpu")
         slots.give_back(unused)
-        assert slots._standby is unused and unused.alive()
+        assert slots.peek() is unused and unused.alive()
         assert slots.take(env, guard, "cpu") is unused
 
         unused.used = True  # a request reached its children
         slots.give_back(unused)
-        assert slots._standby is None and _gone(unused.candidate.proc.pid) and not unused.workdir.exists()
+        assert slots.peek() is None and _gone(unused.candidate.proc.pid) and not unused.workdir.exists()
 
         written = slots.take(env, guard, "cpu")
         (written.workdir / "solution" / "model_new.py").write_text("x = 1\n")  # a solution was written into it
         slots.give_back(written)
-        assert slots._standby is None and not written.workdir.exists()
+        assert slots.peek() is None and not written.workdir.exists()
     finally:
         slots.close()
+
+
+def test_pairs_kept_ahead_are_handed_out_oldest_first_and_trimmed_to_the_depth(tmp_path):
+    slots = StandbySlots()
+    env, guard = _env_guard(tmp_path)
+    try:
+        slots.refill(env, guard, "cpu", depth=2)
+        assert slots.warming() == 2
+        oldest = slots.peek()
+        oldest.wait_ready(60)
+        first = slots.take(env, guard, "cpu")
+        assert first is oldest and slots.warming() == 1 and (slots.hits, slots.misses) == (1, 0)
+        younger = slots.peek()
+        slots.refill(env, guard, "cpu", depth=2)  # one more started behind the one warming
+        assert slots.warming() == 2 and slots.peek() is younger
+        newest = slots._queue[-1]
+        pids = {p.proc.pid for s in (first, younger, newest) for p in (s.reference, s.candidate)}
+        assert len(pids) == 6  # three pairs, no process shared
+
+        slots.refill(env, guard, "cpu", depth=1)  # a smaller depth closes the youngest beyond it
+        assert slots.warming() == 1 and slots.peek() is younger
+        assert _gone(newest.candidate.proc.pid) and not newest.workdir.exists()
+
+        slots.refill(env, guard, "cpu", depth=2)
+        behind = slots._queue[-1]
+        os.killpg(younger.candidate.proc.pid, signal.SIGKILL)  # the oldest standby dies: the next one is taken
+        younger.candidate.proc.wait(timeout=10)
+        assert slots.take(env, guard, "cpu") is behind and _gone(younger.reference.proc.pid)
+        first.close()
+        behind.close()
+    finally:
+        slots.close()
+    assert slots.warming() == 0
 
 
 def test_close_kills_the_whole_group_and_removes_the_folder(tmp_path):
     slots = StandbySlots()
     env, guard = _env_guard(tmp_path)
     slots.refill(env, guard, "cpu")
-    standby = slots._standby
+    standby = slots.peek()
     pids = [standby.reference.proc.pid, standby.candidate.proc.pid]
     slots.close()
     assert all(_gone(pid) for pid in pids)
@@ -141,14 +174,14 @@ def test_warm_children_serve_one_evaluation_each(build_cache):
     assert [r["status"] for r in (first, second, third)] == ["correct"] * 3, [r["message"] for r in (first, second, third)]
     assert counters["hits"] - before["hits"] >= 2  # the second and third found warm children
     assert second["children_warm_s"] >= 1.0  # started while the first evaluation ended, a second earlier
-    assert evaluation._STANDBY._standby is None  # leaving the block stops and removes the standby
+    assert evaluation._STANDBY.peek() is None  # leaving the block stops and removes the standby
 
 
 def test_without_keep_warm_no_child_outlives_its_evaluation(build_cache):
     before = evaluation.standby_counters()
     record = evaluation.evaluate(AXPY_TASK, workspace(), host(build_cache))
     assert record["status"] == "correct"
-    assert evaluation._STANDBY._standby is None
+    assert evaluation._STANDBY.peek() is None
     assert evaluation.standby_counters()["misses"] == before["misses"] + 1
 
 
@@ -167,7 +200,7 @@ def test_a_dead_parent_leaves_no_children_and_no_folder(tmp_path):
         f"settings = EvalSettings.for_backend('host', cache_dir={str(tmp_path / 'cache')!r})\n"
         "slots = StandbySlots()\n"
         "slots.refill(build_env(settings), child_guard(settings), 'cpu')\n"
-        "s = slots._standby\n"
+        "s = slots.peek()\n"
         "print(s.workdir, s.reference.proc.pid, s.candidate.proc.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
@@ -235,7 +268,7 @@ def test_a_slot_says_when_its_start_is_done_and_a_dead_child_is_reported(tmp_pat
     try:
         slots.refill(env, guard, "cpu")
         monkeypatch.undo()
-        standby = slots._standby
+        standby = slots.peek()
         os.killpg(standby.reference.proc.pid, signal.SIGKILL)
         standby.reference.proc.wait(timeout=10)
         for child, message in held:
@@ -245,7 +278,7 @@ def test_a_slot_says_when_its_start_is_done_and_a_dead_child_is_reported(tmp_pat
             raise AssertionError("a dead child answered ready")
         except ChildFailed as exc:
             assert exc.kind == "died"
-        assert slots.wait_ready(60) is not None and slots._standby is None and not standby.workdir.exists()
+        assert slots.wait_ready(60) is not None and slots.peek() is None and not standby.workdir.exists()
         assert slots.wait_ready(60) is None  # no standby: nothing to wait for
     finally:
         slots.close()
@@ -258,7 +291,7 @@ def _standby_when_the_calls_began(monkeypatch, build_cache, start: str) -> tuple
     real_run_calls = evaluation.run_calls
 
     def spying_run_calls(*args, **kwargs):
-        standby = evaluation._STANDBY._standby
+        standby = evaluation._STANDBY.peek()
         seen["standby"] = None if standby is None else ("warm" if standby.start_marks is not None else "warming")
         return real_run_calls(*args, **kwargs)
 
@@ -299,3 +332,25 @@ def test_an_unknown_next_children_start_is_refused():
         raise AssertionError("accepted")
     except ValueError as exc:
         assert "next_children_start must be one of after_timing, at_start, overlapping" in str(exc)
+
+
+def test_standby_pairs_out_of_range_are_refused():
+    for bad in (0, 5, True, "2", 1.5):
+        try:
+            EvalSettings.for_backend("host", standby_pairs=bad)
+            raise AssertionError(f"accepted {bad!r}")
+        except ValueError as exc:
+            assert "standby_pairs must be an integer from 1 to 4" in str(exc)
+
+
+def test_with_two_standby_pairs_each_evaluation_finds_warm_children_and_leaves_two_warming(build_cache):
+    settings = host(build_cache, profile=False, standby_pairs=2, next_children_start="overlapping")
+    before = evaluation.standby_counters()
+    with evaluation.children_kept_warm():
+        records = [evaluation.evaluate(AXPY_TASK, workspace(), settings) for _ in range(3)]
+        assert evaluation._STANDBY.warming() == 2
+        waiting = [evaluation._STANDBY.peek()]
+    assert all(r["status"] == "correct" for r in records), [r["message"] for r in records]
+    counters = evaluation.standby_counters()
+    assert counters["hits"] - before["hits"] == 2 and counters["misses"] - before["misses"] == 1
+    assert evaluation._STANDBY.warming() == 0 and not waiting[0].workdir.exists()  # leaving the block stops them

@@ -94,7 +94,7 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
                              settings.device_type())
         record["children_warm_s"] = round(slot.taken_at - slot.started_at, 4)
         if settings.next_children_start != "after_timing":  # the next pair warms while this one builds and loads
-            _start_next_children(slot, record)
+            _start_next_children(slot, settings, record)
         _evaluate(task, solution, settings, artifact, record, slot)
     except Verdict as verdict:
         if verdict.status == "runtime_error" and any(m in verdict.message for m in CUDA_ERROR_MARKERS):
@@ -106,7 +106,7 @@ def evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: b
         finish(record, "infra_error", f"harness error: {one_line(exc)}")
     finally:
         if slot is not None:
-            _release(slot)
+            _release(slot, settings)
         _diagnostics_for_agent(record, solution, settings)
         record["wall_s"]["total"] = round(time.perf_counter() - begin, 4)
     return record
@@ -126,21 +126,21 @@ def _diagnostics_for_agent(record: dict, solution: Solution, settings: EvalSetti
     record["diagnostics"] = shown
 
 
-def _release(slot: EvaluationSlot) -> None:
-    """An unused slot back to the standby, a used one closed; the next one warming when kept warm."""
+def _release(slot: EvaluationSlot, settings: EvalSettings) -> None:
+    """An unused slot back to the standby, a used one closed; the next ones warming when kept warm."""
     if _keep_warm and not slot.used:
         _STANDBY.give_back(slot)
     else:
         slot.close()
     if _keep_warm:
-        _STANDBY.refill(slot.env, slot.guard, slot.device_type)
+        _STANDBY.refill(slot.env, slot.guard, slot.device_type, settings.standby_pairs)
 
 
-def _start_next_children(slot: EvaluationSlot, record: dict) -> None:
-    """When kept warm, the next evaluation's pair starts now (unless one is warming already); the
+def _start_next_children(slot: EvaluationSlot, settings: EvalSettings, record: dict) -> None:
+    """When kept warm, the next evaluations' pairs start now (up to settings.standby_pairs warming); the
     record says when, in seconds after this evaluation took its own pair."""
     if _keep_warm and "next_children_started_s" not in record:
-        _STANDBY.refill(slot.env, slot.guard, slot.device_type)
+        _STANDBY.refill(slot.env, slot.guard, slot.device_type, settings.standby_pairs)
         record["next_children_started_s"] = round(time.monotonic() - slot.taken_at, 4)
 
 
@@ -234,7 +234,7 @@ def _evaluate(task: Task, solution: Solution, settings: EvalSettings, artifact: 
         if settings.timing_rounds_budget_s > 0 and timed.calls and not caller.requests.keep_sets:  # judged first:
             with _step(record, "more_rounds"):  # no rounds for a candidate that is already wrong
                 more_rounds(caller, reference, timed, len(expected.timed), settings, record)
-        _start_next_children(slot, record)  # the timed calls are over (when not started already)
+        _start_next_children(slot, settings, record)  # the timed calls are over (when not started already)
         with _step(record, "attribution"):
             trace = attribute_kernels(candidate, solution, extension, settings, record)
         record["wall_s"]["verify"] = round(time.perf_counter() - begin, 4)

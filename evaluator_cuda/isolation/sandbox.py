@@ -652,67 +652,83 @@ class EvaluationSlot:
 
 
 class StandbySlots:
-    """At most one evaluation slot kept warming for the next evaluation (thread-safe).
+    """Evaluation slots kept warming for the next evaluations, oldest first (thread-safe).
 
-    take() hands out the standby slot when it was started for the same environment and
-    protections and both its children are alive, else starts a fresh one; refill() starts the
-    standby for next time. A slot that was never used (no request sent) may be given back.
+    take() hands out the oldest standby slot started for the same environment and protections
+    whose children are both alive, else starts a fresh one; refill(depth=N) starts slots until N
+    matching ones are warming, so that back to back each pair has N evaluations' time to start. A
+    slot that was never used (no request sent) may be given back.
     """
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._standby: EvaluationSlot | None = None
+        self._queue: list[EvaluationSlot] = []  # oldest first
         self.hits = 0
         self.misses = 0
+
+    def peek(self) -> EvaluationSlot | None:
+        """The slot the next take() considers first (None without a standby)."""
+        with self._lock:
+            return self._queue[0] if self._queue else None
+
+    def warming(self) -> int:
+        """How many standby slots there are."""
+        with self._lock:
+            return len(self._queue)
 
     def take(self, env: dict[str, str], guard: dict, device_type: str) -> EvaluationSlot:
         key = _slot_key(env, guard)
         with self._lock:
-            slot, self._standby = self._standby, None
-        if slot is not None and slot.key == key and slot.alive():
+            stale = [s for s in self._queue if s.key != key or not s.alive()]
+            self._queue = [s for s in self._queue if s not in stale]
+            slot = self._queue.pop(0) if self._queue else None
+        for old in stale:
+            old.close()
+        if slot is not None:
             self.hits += 1
         else:
-            if slot is not None:
-                slot.close()
             self.misses += 1
             slot = EvaluationSlot(env, guard, device_type)
         slot.taken_at = time.monotonic()
         return slot
 
-    def refill(self, env: dict[str, str], guard: dict, device_type: str) -> None:
-        """Start the standby slot for the next evaluation unless a matching one is warming."""
+    def refill(self, env: dict[str, str], guard: dict, device_type: str, depth: int = 1) -> None:
+        """Start slots for the next evaluations until `depth` matching ones are warming; slots for
+        other settings, dead ones and any beyond `depth` are closed."""
         key = _slot_key(env, guard)
         with self._lock:
-            if self._standby is not None and self._standby.key == key and self._standby.alive():
-                return
-            old, self._standby = self._standby, None
-        if old is not None:
+            keep = [s for s in self._queue if s.key == key and s.alive()][:depth]
+            dropped = [s for s in self._queue if s not in keep]
+            self._queue = keep
+            missing = depth - len(keep)
+        for old in dropped:
             old.close()
-        slot = EvaluationSlot(env, guard, device_type)
-        with self._lock:
-            old, self._standby = self._standby, slot
-        if old is not None:
-            old.close()
+        for _ in range(missing):
+            slot = EvaluationSlot(env, guard, device_type)
+            with self._lock:
+                self._queue.append(slot)
 
     def wait_ready(self, timeout: float) -> float | None:
-        """Wait until the standby slot's start is done; the seconds waited (None without a standby). A
-        standby that fails to start is closed (the next take starts a fresh one)."""
+        """Wait until every standby slot's start is done; the seconds waited (None without a standby).
+        A standby that fails to start is closed (a later take starts a fresh one)."""
         with self._lock:
-            slot = self._standby
-        if slot is None:
+            slots = list(self._queue)
+        if not slots:
             return None
         begin = time.monotonic()
-        try:
-            slot.wait_ready(timeout)
-        except ChildFailed:
-            with self._lock:
-                if self._standby is slot:
-                    self._standby = None
-            slot.close()
+        deadline = begin + timeout
+        for slot in slots:
+            try:
+                slot.wait_ready(max(0.1, deadline - time.monotonic()))
+            except ChildFailed:
+                with self._lock:
+                    if slot in self._queue:
+                        self._queue.remove(slot)
+                slot.close()
         return round(time.monotonic() - begin, 4)
 
     def give_back(self, slot: EvaluationSlot) -> None:
-        """Keep an unused slot as the standby (an evaluation that ended before its children ran)."""
+        """Keep an unused slot as the first standby (an evaluation that ended before its children ran)."""
         expected = ("solution", "extension", "reference.log", "candidate.log")
         leftovers = [p for p in slot.workdir.iterdir() if p.name not in expected] if slot.workdir.exists() else []
         used_dirs = any(any(slot.workdir.joinpath(d).iterdir()) for d in ("solution", "extension"))
@@ -720,12 +736,10 @@ class StandbySlots:
             slot.close()
             return
         with self._lock:
-            old, self._standby = self._standby, slot
-        if old is not None:
-            old.close()
+            self._queue.insert(0, slot)
 
     def close(self) -> None:
         with self._lock:
-            slot, self._standby = self._standby, None
-        if slot is not None:
+            slots, self._queue = self._queue, []
+        for slot in slots:
             slot.close()

@@ -13,7 +13,8 @@ own (settings.next_children_start "at_start", its timed work waiting until they 
 timed calls (the default), and with `--vary overlap` "overlapping" (no wait) against "at_start": these two
 run each variant's rounds back to back (what one evaluation starts, the next one takes), as does
 `--vary trace_order`: the candidate child's kernel trace started before its CUDA context against after it
-(settings.kernel_trace_start). Each cached evaluation
+(settings.kernel_trace_start), and `--vary pairs`: two pairs kept starting ahead, each evaluation starting
+the next at its own start without waiting (settings.standby_pairs 2, "overlapping"), against the defaults. Each cached evaluation
 keeps its total wall time, its verification split (record["verify_steps_s"]), the split of its
 candidate calls (record["calls_split_us"]: the child's phases and the channel) and where its children's
 start went (record["children_start_s"]: seconds from the pair's start to each child's serve, warm, trace
@@ -40,11 +41,13 @@ VARIANTS = {  # --vary: label -> settings overrides, the default first
                      "sent": {"inputs_from_seeds": False, "commit_output_bytes": None}},
     "standby": {"at_start": {"next_children_start": "at_start"}, "after_timing": {"next_children_start": "after_timing"}},
     "overlap": {"overlapping": {"next_children_start": "overlapping"}, "at_start": {"next_children_start": "at_start"}},
+    "pairs": {"two_overlapping": {"standby_pairs": 2, "next_children_start": "overlapping"},
+              "one_after_timing": {"standby_pairs": 1, "next_children_start": "after_timing"}},
     "trace_order": {"before_context": {"kernel_trace_start": "before_context"},
                     "after_context": {"kernel_trace_start": "after_context"}},
 }
 # Variants that change what the next evaluation finds: each runs its rounds back to back, not alternated
-IN_BLOCKS = ("standby", "overlap", "trace_order")
+IN_BLOCKS = ("standby", "overlap", "pairs", "trace_order")
 
 
 def add_arguments(parser) -> None:
