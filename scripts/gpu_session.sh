@@ -13,8 +13,8 @@
 #                                           # baseline's and the candidate's ways of a call)
 #   bash scripts/gpu_session.sh diagnose    # the idle probe, then baselines per request and a 4x launch pad A/B
 #   bash scripts/gpu_session.sh open        # what the open measurements wait for: the kernel trace's start in
-#                                           # fresh processes, and the reductions' input sets cloned, sent or
-#                                           # made on each side
+#                                           # fresh processes, two pairs kept ahead against one back to back,
+#                                           # and the reductions' input sets cloned, sent or made on each side
 #
 # On a GPU machine without pyzmq, first install its wheel (fetched elsewhere with pip download):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -75,6 +75,7 @@ case "${1:-}" in
     ;;
   open)
     step trace_start 110 "$PY" scripts/bench_evaluator.py trace_start --budget-s 90
+    step split_pairs 300 "$PY" scripts/bench_evaluator.py split --vary pairs --rounds 4 --budget-s 270
     step placement_sets 130 "$PY" scripts/bench_evaluator.py placement --sets --budget-s 100 \
       --tasks 9_Sum_reduction_over_a_dimension 10_Max_reduction_over_a_dimension
     ;;
