@@ -180,14 +180,12 @@ class EvalSettings:
     standby_pairs: int = 1
 
     def __post_init__(self):
-        if self.kernel_trace_start not in KERNEL_TRACE_STARTS:
-            raise ValueError(f"kernel_trace_start must be one of {', '.join(KERNEL_TRACE_STARTS)}, "
-                             f"not {self.kernel_trace_start!r}")
-        if isinstance(self.standby_pairs, bool) or not isinstance(self.standby_pairs, int) or not 1 <= self.standby_pairs <= MAX_STANDBY_PAIRS:
-            raise ValueError(f"standby_pairs must be an integer from 1 to {MAX_STANDBY_PAIRS}, not {self.standby_pairs!r}")
-        if self.next_children_start not in NEXT_CHILDREN_STARTS:
-            raise ValueError(f"next_children_start must be one of {', '.join(NEXT_CHILDREN_STARTS)}, "
-                             f"not {self.next_children_start!r}")
+        for field, choices in (("kernel_trace_start", KERNEL_TRACE_STARTS), ("next_children_start", NEXT_CHILDREN_STARTS)):
+            if getattr(self, field) not in choices:
+                raise ValueError(f"{field} must be one of {', '.join(choices)}, not {getattr(self, field)!r}")
+        pairs = self.standby_pairs
+        if isinstance(pairs, bool) or not isinstance(pairs, int) or not 1 <= pairs <= MAX_STANDBY_PAIRS:
+            raise ValueError(f"standby_pairs must be an integer from 1 to {MAX_STANDBY_PAIRS}, not {pairs!r}")
 
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else cache_root()

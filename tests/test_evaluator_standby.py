@@ -349,8 +349,8 @@ def test_with_two_standby_pairs_each_evaluation_finds_warm_children_and_leaves_t
     with evaluation.children_kept_warm():
         records = [evaluation.evaluate(AXPY_TASK, workspace(), settings) for _ in range(3)]
         assert evaluation._STANDBY.warming() == 2
-        waiting = [evaluation._STANDBY.peek()]
+        waiting = evaluation._STANDBY.peek()
     assert all(r["status"] == "correct" for r in records), [r["message"] for r in records]
     counters = evaluation.standby_counters()
     assert counters["hits"] - before["hits"] == 2 and counters["misses"] - before["misses"] == 1
-    assert evaluation._STANDBY.warming() == 0 and not waiting[0].workdir.exists()  # leaving the block stops them
+    assert evaluation._STANDBY.warming() == 0 and not waiting.workdir.exists()  # leaving the block stops them

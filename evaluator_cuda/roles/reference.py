@@ -269,6 +269,7 @@ class ReferenceRole:
             return None
         if not self.sets_by_seed:
             raise HandlerError("internal", "baselines on sets made per call, but sets are not made from seeds")
+
         def make() -> list:
             try:
                 return to_device(self._inputs_from_seed(secrets.randbits(31)), self.device)
