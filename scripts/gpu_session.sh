@@ -12,9 +12,9 @@
 #                                           # (first, in one process: the GPU idle before a call, and the
 #                                           # baseline's and the candidate's ways of a call)
 #   bash scripts/gpu_session.sh diagnose    # the idle probe, then baselines per request and a 4x launch pad A/B
-#   bash scripts/gpu_session.sh open        # what the open measurements wait for: the kernel trace's start in
-#                                           # fresh processes, two pairs kept ahead against one back to back,
-#                                           # and the reductions' input sets cloned, sent or made on each side
+#   bash scripts/gpu_session.sh open        # what the open measurements wait for: two pairs kept ahead (the
+#                                           # cuda default) against one back to back, cold builds of one
+#                                           # workspace, and the reductions' self-check jailed and unjailed
 #
 # On a GPU machine without pyzmq, first install its wheel (fetched elsewhere with pip download):
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -74,10 +74,11 @@ case "${1:-}" in
     step ab_pad 200 "$PY" scripts/selfcheck_ab.py launch_pad_cycles=null launch_pad_cycles=16000000 --rounds 1
     ;;
   open)
-    step trace_start 110 "$PY" scripts/bench_evaluator.py trace_start --budget-s 90
-    step split_pairs 300 "$PY" scripts/bench_evaluator.py split --vary pairs --rounds 4 --budget-s 270
-    step placement_sets 130 "$PY" scripts/bench_evaluator.py placement --sets --budget-s 100 \
-      --tasks 9_Sum_reduction_over_a_dimension 10_Max_reduction_over_a_dimension
+    step split_pairs 270 "$PY" scripts/bench_evaluator.py split --vary pairs --rounds 3 --budget-s 250
+    step cold_builds 80 "$PY" scripts/bench_evaluator.py examples --fast-build --warm-first --builds-only \
+      --budget-s 60
+    step ab_jail_made_sets 200 "$PY" scripts/selfcheck_ab.py jail_children=true jail_children=false \
+      --tasks 9_Sum_reduction_over_a_dimension 10_Max_reduction_over_a_dimension --rounds 1 --backend cuda
     ;;
   *)
     echo "usage: bash scripts/gpu_session.sh evaluator|speed|policy|loop|synthesis|selfcheck|diagnose|open" >&2

@@ -14,7 +14,8 @@ timed calls (the default), and with `--vary overlap` "overlapping" (no wait) aga
 run each variant's rounds back to back (what one evaluation starts, the next one takes), as does
 `--vary trace_order`: the candidate child's kernel trace started before its CUDA context against after it
 (settings.kernel_trace_start), and `--vary pairs`: two pairs kept starting ahead, each evaluation starting
-the next at its own start without waiting (settings.standby_pairs 2, "overlapping"), against the defaults. Each cached evaluation
+the next at its own start without waiting (settings.standby_pairs 2, "overlapping"), against one pair started
+after the timed calls; `standby` and `overlap` keep one pair. Each cached evaluation
 keeps its total wall time, its verification split (record["verify_steps_s"]), the split of its
 candidate calls (record["calls_split_us"]: the child's phases and the channel) and where its children's
 start went (record["children_start_s"]: seconds from the pair's start to each child's serve, warm, trace
@@ -39,8 +40,10 @@ VARIANTS = {  # --vary: label -> settings overrides, the default first
     "seeds": {"made": {"inputs_from_seeds": True}, "sent": {"inputs_from_seeds": False}},
     "seeds_commit": {"made_committed": {"inputs_from_seeds": True, "commit_output_bytes": COMMIT_OUTPUT_BYTES},
                      "sent": {"inputs_from_seeds": False, "commit_output_bytes": None}},
-    "standby": {"at_start": {"next_children_start": "at_start"}, "after_timing": {"next_children_start": "after_timing"}},
-    "overlap": {"overlapping": {"next_children_start": "overlapping"}, "at_start": {"next_children_start": "at_start"}},
+    "standby": {"at_start": {"standby_pairs": 1, "next_children_start": "at_start"},
+                "after_timing": {"standby_pairs": 1, "next_children_start": "after_timing"}},
+    "overlap": {"overlapping": {"standby_pairs": 1, "next_children_start": "overlapping"},
+                "at_start": {"standby_pairs": 1, "next_children_start": "at_start"}},
     "pairs": {"two_overlapping": {"standby_pairs": 2, "next_children_start": "overlapping"},
               "one_after_timing": {"standby_pairs": 1, "next_children_start": "after_timing"}},
     "trace_order": {"before_context": {"kernel_trace_start": "before_context"},
