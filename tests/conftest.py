@@ -118,6 +118,12 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: (unit_of(item.nodeid) not in slow_units, first_index[unit_of(item.nodeid)]))
 
 
+@pytest.fixture
+def scripts_on_path(monkeypatch):
+    """scripts/ importable for one test: the benchmarks' own package (evaluator_bench)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+
+
 @pytest.fixture(scope="session")
 def host_examples_bench(tmp_path_factory):
     """`cuda-agent bench examples/tasks --solutions examples/solutions --backend host`, verdicts only,

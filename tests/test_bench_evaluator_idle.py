@@ -2,17 +2,11 @@
 launch pad restored."""
 
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-@pytest.fixture(autouse=True)
-def _scripts_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
+pytestmark = pytest.mark.usefixtures("scripts_on_path")
 
 
 def test_each_way_gives_a_median_and_its_ratio_to_back_to_back(capsys):

@@ -1,17 +1,10 @@
 """The placement probe's ways of preparing a call and of getting its input set
 (scripts/evaluator_bench/placement.py), dry on the CPU."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-@pytest.fixture(autouse=True)
-def _scripts_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
+pytestmark = pytest.mark.usefixtures("scripts_on_path")
 
 
 def _placement():

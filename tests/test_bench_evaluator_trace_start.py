@@ -1,16 +1,9 @@
 """The trace-start probe (scripts/evaluator_bench/trace_start.py), dry on the CPU: a fresh process's marks,
 a failed or hung process reported, the table from what ran."""
 
-from pathlib import Path
-
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-@pytest.fixture(autouse=True)
-def _scripts_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
+pytestmark = pytest.mark.usefixtures("scripts_on_path")
 
 
 def _probe():

@@ -150,7 +150,8 @@ def _print_table(rows: list[dict], variants: list[str]) -> None:
         print(f"{row['task']:18s} {fmt((runs.get('cold') or {}).get('total_s'), 2):>7s} "
               f"{fmt(_median_total(runs, first), 2):>12s} {fmt(_median_total(runs, second), 2):>12s} "
               f"{fmt((cached.get('steps_s') or {}).get('judge'), 2):>7s}  "
-              f"{fmt(_median_of(runs, first, 'speedup_eager'), 3):>6s}/{fmt(_median_of(runs, second, 'speedup_eager'), 3):<6s}  "
+              f"{fmt(_median_of(runs, first, 'speedup_eager'), 3):>6s}/"
+              f"{fmt(_median_of(runs, second, 'speedup_eager'), 3):<6s}  "
               f"{fmt(calls.get('round_trip'), 0)} "
               f"{fmt(calls.get('channel'), 0)} {fmt(calls.get('call'), 0)} {fmt(calls.get('digest'), 0)}")
 

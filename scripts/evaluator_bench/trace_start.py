@@ -64,6 +64,7 @@ marks["cupti"] = sorted({p for p in open("/proc/self/maps").read().split() if "c
 print(json.dumps(marks))
 """
 
+
 def add_arguments(parser) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="fresh processes per variant")
     parser.add_argument("--budget-s", type=float, default=150.0, help="skip the remaining runs past this")
